@@ -1,0 +1,31 @@
+# The two commands a fresh clone needs (README): `make demo` and `make test`.
+# Each creates .venv when missing and installs everything from this repository's own files.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.jenga-install-stamp
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: install demo test lint typecheck check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install-cpu.sh
+	bash scripts/install-cpu.sh
+
+demo: install
+	$(PY) -m jenga_sglang.bench.demo
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

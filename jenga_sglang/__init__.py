@@ -1,0 +1,7 @@
+"""jenga-sglang: prefix caching and memory management for hybrid LLMs, as an SGLang extension.
+
+Importing this package is cheap: it never imports torch or sglang. Those load only in
+`jenga_sglang.pool.layout`, `jenga_sglang.binding` and `jenga_sglang.kernels`.
+"""
+
+__version__ = "0.1.0"
