@@ -1,0 +1,311 @@
+"""The contract between the radix tree and the memory that holds its pages.
+
+The tree never owns bytes itself: every KV page and SSM state it caches was handed out by a
+`CacheMemory`. Two memories implement the contract:
+
+* `ByteBudget` (here): byte accounting only, Marconi's simulation method; pages are counts.
+* `JengaPool` (jenga_sglang.pool): the two-level LCM pool with real small-page ids.
+
+Direction of control (DESIGN "The Jenga pool, precisely"): the memory decides *where* a page goes;
+when it is short, it calls back into its `Evictor` (the tree), and the tree's policy decides
+*which cached entries* go. The memory never drops a cached page on its own.
+
+Small-page states: every page is either free, used (held by a running request or by a locked
+node) or evictable (cached by an unlocked node). Conservation law, per page type:
+
+    free + evictable + used == total
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+
+class PageKind(Enum):
+    KV = "kv"
+    STATE = "state"
+
+
+@dataclass(frozen=True, order=True)
+class PageType:
+    """A small-page type: the KV pages of one attention group, or the SSM state pages."""
+
+    kind: PageKind
+    group: int  # index of the layer group in ModelSpec.groups
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}[{self.group}]"
+
+
+class OutOfMemory(RuntimeError):
+    """An allocation that cannot be served even after evicting everything evictable."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Small pages of one type by state (for byte budgets, 1 page = 1 token / 1 state)."""
+
+    total: int
+    free: int
+    evictable: int
+    used: int
+    page_bytes: int
+
+
+class Pages(ABC):
+    """An ordered run of small pages of one type, as stored on a radix node.
+
+    The tree only needs length, split and concatenation; page ids matter to the memory and to
+    the engine (they become KV slot indices), not to the tree.
+    """
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def split(self, at: int) -> tuple[Pages, Pages]:
+        """Pages [0, at) and [at, len)."""
+
+    @abstractmethod
+    def concat(self, other: Pages) -> Pages:
+        """self followed by other."""
+
+    @abstractmethod
+    def ids(self) -> list[int]:
+        """Page ids (memories without ids raise TypeError)."""
+
+
+class CountPages(Pages):
+    """Pages known only by their number (byte-budget memories)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def split(self, at: int) -> tuple[Pages, Pages]:
+        return CountPages(at), CountPages(self.n - at)
+
+    def concat(self, other: Pages) -> Pages:
+        return CountPages(self.n + len(other))
+
+    def ids(self) -> list[int]:
+        raise TypeError("a byte-budget memory hands out page counts, not page ids")
+
+    def __repr__(self) -> str:
+        return f"CountPages({self.n})"
+
+
+class IdPages(Pages):
+    """Pages with real ids (the Jenga pool)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def split(self, at: int) -> tuple[Pages, Pages]:
+        return IdPages(self._ids[:at]), IdPages(self._ids[at:])
+
+    def concat(self, other: Pages) -> Pages:
+        return IdPages(self._ids + other.ids())
+
+    def ids(self) -> list[int]:
+        return self._ids
+
+    def __repr__(self) -> str:
+        return f"IdPages({self._ids})"
+
+
+class Evictor(Protocol):
+    """The owner of the cached pages (the tree). Called by the memory when it is short."""
+
+    def evict_for(self, ptype: PageType) -> bool:
+        """Evict at least one cached entry, preferring ones that free pages of `ptype`.
+
+        Returns False when nothing is evictable any more.
+        """
+        ...
+
+
+class CacheMemory(ABC):
+    """Memory that hands out small pages of several types to one tree.
+
+    Contract:
+    * `alloc` is atomic: it returns `count` pages or raises `OutOfMemory` having changed nothing
+      but (possibly) evicted cached entries through the evictor. A request larger than what the
+      memory could ever hold raises before evicting anything, naming the sizes.
+    * Freshly allocated pages are *used*. The tree moves pages between used and evictable with
+      `mark_evictable` / `mark_used` as locks come and go, and gives them back with `free`.
+    """
+
+    def __init__(self) -> None:
+        self._evictor: Evictor | None = None
+
+    def set_evictor(self, evictor: Evictor | None) -> None:
+        self._evictor = evictor
+
+    @property
+    @abstractmethod
+    def page_types(self) -> tuple[PageType, ...]: ...
+
+    @abstractmethod
+    def page_bytes(self, ptype: PageType) -> int:
+        """Bytes of one small page of this type."""
+
+    @abstractmethod
+    def alloc(self, ptype: PageType, count: int, owner: int) -> Pages: ...
+
+    @abstractmethod
+    def free(self, ptype: PageType, pages: Pages) -> None:
+        """Give back used pages (a request's pages that never reached the tree, duplicates)."""
+
+    @abstractmethod
+    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
+        """Give back evictable pages (the tree evicting a cached entry)."""
+
+    @abstractmethod
+    def mark_evictable(self, ptype: PageType, pages: Pages) -> None: ...
+
+    @abstractmethod
+    def mark_used(self, ptype: PageType, pages: Pages) -> None: ...
+
+    @abstractmethod
+    def usage(self, ptype: PageType) -> Usage: ...
+
+    @property
+    @abstractmethod
+    def capacity_bytes(self) -> int: ...
+
+    @abstractmethod
+    def held_bytes(self) -> int:
+        """Bytes in used or evictable pages (what counts against the budget)."""
+
+    def wasted_bytes(self) -> int:
+        """Bytes that are neither held nor allocatable to any type (fragmentation, padding)."""
+        return 0
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Raise AssertionError when the conservation law or ownership is broken."""
+
+    def _evict_until(self, ptype: PageType, satisfied: object) -> bool:
+        """Ask the evictor for entries until `satisfied()` holds; False if it ran dry."""
+        assert callable(satisfied)
+        while not satisfied():
+            if self._evictor is None or not self._evictor.evict_for(ptype):
+                return False
+        return True
+
+
+class ByteBudget(CacheMemory):
+    """Byte accounting with a hard budget: one page = one token of KV or one SSM state.
+
+    `capacity_violations` counts moments when held bytes exceeded the budget; the allocator is
+    built so that it stays 0 (tests and the simulator assert it).
+    """
+
+    def __init__(self, capacity_bytes: int, page_sizes: dict[PageType, int]) -> None:
+        super().__init__()
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity_bytes} bytes")
+        if any(size <= 0 for size in page_sizes.values()):
+            raise ValueError(f"page sizes must be positive: {page_sizes}")
+        self._capacity = capacity_bytes
+        self._sizes = dict(page_sizes)
+        self._used = dict.fromkeys(page_sizes, 0)
+        self._evictable = dict.fromkeys(page_sizes, 0)
+        self._held = 0
+        self.peak_bytes = 0
+        self.capacity_violations = 0
+
+    @property
+    def page_types(self) -> tuple[PageType, ...]:
+        return tuple(self._sizes)
+
+    def page_bytes(self, ptype: PageType) -> int:
+        return self._sizes[ptype]
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    def held_bytes(self) -> int:
+        return self._held
+
+    def evictable_bytes(self) -> int:
+        return sum(n * self._sizes[t] for t, n in self._evictable.items())
+
+    def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
+        if count < 0:
+            raise ValueError(f"cannot allocate {count} pages")
+        need = count * self._sizes[ptype]
+        if need > self._capacity:
+            raise OutOfMemory(
+                f"request for {count} {ptype} pages ({need} bytes) exceeds the whole budget "
+                f"of {self._capacity} bytes"
+            )
+        if need > self._capacity - self._held + self.evictable_bytes():
+            raise OutOfMemory(
+                f"request for {count} {ptype} pages ({need} bytes): only "
+                f"{self._capacity - self._held} bytes free and {self.evictable_bytes()} evictable "
+                f"of {self._capacity}; the rest is in use"
+            )
+        if not self._evict_until(ptype, lambda: self._held + need <= self._capacity):
+            raise OutOfMemory(f"evictor could not free {need} bytes for {count} {ptype} pages")
+        self._used[ptype] += count
+        self._held += need
+        self.peak_bytes = max(self.peak_bytes, self._held)
+        if self._held > self._capacity:
+            self.capacity_violations += 1
+        return CountPages(count)
+
+    def free(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._used, None)
+        self._held -= len(pages) * self._sizes[ptype]
+
+    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
+        """Free pages that are currently evictable (the tree evicting a cached entry)."""
+        self._move(ptype, len(pages), self._evictable, None)
+        self._held -= len(pages) * self._sizes[ptype]
+
+    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._used, self._evictable)
+
+    def mark_used(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._evictable, self._used)
+
+    def _move(self, ptype: PageType, n: int, src: dict[PageType, int],
+              dst: dict[PageType, int] | None) -> None:
+        if src[ptype] < n:
+            raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
+        src[ptype] -= n
+        if dst is not None:
+            dst[ptype] += n
+
+    def usage(self, ptype: PageType) -> Usage:
+        size = self._sizes[ptype]
+        total = self._capacity // size
+        used, evictable = self._used[ptype], self._evictable[ptype]
+        free_pages = (self._capacity - self._held) // size
+        return Usage(total=used + evictable + free_pages, free=free_pages, evictable=evictable,
+                     used=used, page_bytes=size) if total else Usage(0, 0, 0, 0, size)
+
+    def check_integrity(self) -> None:
+        held = sum((self._used[t] + self._evictable[t]) * s for t, s in self._sizes.items())
+        assert held == self._held, f"held bytes drifted: counted {held}, tracked {self._held}"
+        assert 0 <= self._held <= self._capacity, (
+            f"held {self._held} bytes outside [0, {self._capacity}]"
+        )
+        assert all(v >= 0 for v in self._used.values()), self._used
+        assert all(v >= 0 for v in self._evictable.values()), self._evictable
+        assert self.capacity_violations == 0, f"{self.capacity_violations} capacity violations"
