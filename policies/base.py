@@ -1,0 +1,101 @@
+"""The two policy interfaces the cache is built from: admission and eviction.
+
+Both are framework-free and driven by the same tree from the simulator and from SGLang, so one
+implementation serves both (DESIGN: "One implementation, two drivers").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jenga_sglang.radix.node import Node
+
+
+class EvictionPolicy(ABC):
+    """Chooses which cached entry goes next.
+
+    The tree keeps the policy informed and asks it for victims:
+    * `update(node)` after the node was created or anything the policy may read changed
+      (children, lock_ref, state, key, last_access);
+    * `remove(node)` when the node leaves the tree;
+    * `refresh(path, now)` on a cache hit: the policy decides which nodes' last_access moves;
+    * `victim()` returns an evictable node (lock_ref == 0, not the root) or None.
+
+    A victim is either a leaf (the tree frees everything it holds) or a node with exactly one
+    child that holds an SSM checkpoint (the tree drops the checkpoint and merges the node into its
+    child, which absorbs its KV). A policy must only return nodes of those two shapes.
+    """
+
+    #: Weight of FLOP efficiency against recency; 0 means recency only.
+    alpha: float = 0.0
+
+    @abstractmethod
+    def update(self, node: Node) -> None: ...
+
+    @abstractmethod
+    def remove(self, node: Node) -> None: ...
+
+    @abstractmethod
+    def refresh(self, path: Sequence[Node], now: int) -> None: ...
+
+    @abstractmethod
+    def victim(self) -> Node | None: ...
+
+    def bind_cost(self, node_flops: NodeCost) -> None:  # noqa: B027 - optional hook
+        """Give the policy the cost model it needs (FLOP-aware policies override this)."""
+
+
+class NodeCost(ABC):
+    """FLOPs saved by a node's own tokens and the bytes it holds (from the model spec)."""
+
+    @abstractmethod
+    def flops_saved(self, node: Node) -> float: ...
+
+    @abstractmethod
+    def bytes_held(self, node: Node) -> int: ...
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where a request's SSM states are captured, as exact token positions.
+
+        0 ........ hit ........ prefill_at[i] ........ len(input) ........ finish_at
+        |-- cached --|---------- prefilled -------------|---- decoded ------|
+
+    `prefill_at` are captured during prefill (positions in (hit, len(input)]); `finish_at` after
+    the last decoded token. `cache_len` is how many tokens of input + output the tree keeps.
+    """
+
+    prefill_at: tuple[int, ...] = ()
+    finish_at: tuple[int, ...] = ()
+    cache_len: int = 0
+    notes: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.prefill_at) | set(self.finish_at)))
+
+
+class AdmissionPolicy(ABC):
+    """Decides which SSM states (and how much of a sequence) enter the cache."""
+
+    @abstractmethod
+    def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
+        """Plan for a request whose input has `input_len` tokens and whose input + output has
+        `total_len`. `branch` says where the input leaves the tree (speculative insertion)."""
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Result of a speculative insertion: where a sequence would leave the tree.
+
+    `length` is the number of leading tokens already in the tree. `at_node_end` is True when that
+    point is the end of an existing node (inserting would create no new intermediate node), and
+    `checkpointed` whether that node holds an SSM state.
+    """
+
+    length: int
+    at_node_end: bool
+    checkpointed: bool

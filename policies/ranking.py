@@ -1,0 +1,57 @@
+"""An ordered set of nodes keyed by a sortable value, with O(log n) updates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sortedcontainers import SortedList
+
+from jenga_sglang.radix.node import Node
+
+
+class Ranked:
+    """Nodes ordered by (value, node id); the id breaks ties deterministically."""
+
+    def __init__(self) -> None:
+        self._order: SortedList = SortedList()
+        self._keys: dict[int, tuple[float, int]] = {}
+        self._nodes: dict[int, Node] = {}
+
+    def put(self, node: Node, value: float) -> None:
+        old = self._keys.get(node.id)
+        key = (value, node.id)
+        if old == key:
+            return
+        if old is not None:
+            self._order.remove(old)
+        self._order.add(key)
+        self._keys[node.id] = key
+        self._nodes[node.id] = node
+
+    def discard(self, node: Node) -> None:
+        old = self._keys.pop(node.id, None)
+        if old is not None:
+            self._order.remove(old)
+            del self._nodes[node.id]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, node: Node) -> bool:
+        return node.id in self._keys
+
+    def value(self, node: Node) -> float:
+        return self._keys[node.id][0]
+
+    def first(self) -> Node | None:
+        return self._nodes[self._order[0][1]] if self._order else None
+
+    def min_value(self) -> float:
+        return float(self._order[0][0])
+
+    def max_value(self) -> float:
+        return float(self._order[-1][0])
+
+    def ascending(self) -> Iterator[tuple[float, Node]]:
+        for value, node_id in self._order:
+            yield value, self._nodes[node_id]

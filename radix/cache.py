@@ -1,0 +1,130 @@
+"""The cache facade: one tree, one memory, one admission and one eviction policy.
+
+Both drivers use it: the simulator (sequential and engine replay) and the SGLang backend. It
+owns the logical clock, so recency is deterministic given the same request stream (identical
+decisions on every tensor-parallel rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
+from jenga_sglang.policies.cost import SpecNodeCost
+from jenga_sglang.radix.match import MatchResult
+from jenga_sglang.radix.memory import CacheMemory, OutOfMemory, Pages, PageType
+from jenga_sglang.radix.tokens import TokenSeq
+from jenga_sglang.radix.tree import RadixTree
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """What one sequentially served request got from the cache."""
+
+    input_tokens: int
+    hit_tokens: int
+    flops_saved: float
+    states_planned: int
+    cached: bool  # False when its pages could not be admitted (larger than what is free)
+
+
+class PrefixCache:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        memory: CacheMemory,
+        eviction: EvictionPolicy,
+        admission: AdmissionPolicy,
+    ) -> None:
+        self.spec = spec
+        self.memory = memory
+        self.eviction = eviction
+        self.admission = admission
+        self.tree = RadixTree(spec, memory, eviction)
+        state_type = self.tree.state_type
+        eviction.bind_cost(
+            SpecNodeCost(
+                spec,
+                [memory.page_bytes(t) for t in self.tree.kv_types],
+                memory.page_bytes(state_type) if state_type is not None else 0,
+            )
+        )
+        self.clock = 0
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def match(self, tokens: TokenSeq, now: int | None = None) -> MatchResult:
+        """Longest reusable prefix; records the hit for the eviction policy."""
+        result = self.tree.match(tokens)
+        self.tree.touch(result, self.tick() if now is None else now)
+        return result
+
+    def plan(self, tokens: TokenSeq, result: MatchResult, total_len: int) -> CheckpointPlan:
+        return self.admission.plan(result.walk.branch(), len(tokens), total_len, result.length)
+
+    def allocate_kv(self, count: int, owner: int) -> list[Pages]:
+        """Pages for `count` tokens in every attention group; all or nothing."""
+        got: list[tuple[PageType, Pages]] = []
+        try:
+            for ptype in self.tree.kv_types:
+                got.append((ptype, self.memory.alloc(ptype, count, owner)))
+        except OutOfMemory:
+            for ptype, pages in got:
+                self.memory.free(ptype, pages)
+            raise
+        return [pages for _, pages in got]
+
+    def allocate_states(self, count: int, owner: int) -> list[Pages]:
+        state_type = self.tree.state_type
+        if state_type is None or count == 0:
+            return []
+        got: list[Pages] = []
+        try:
+            for _ in range(count):
+                got.append(self.memory.alloc(state_type, 1, owner))
+        except OutOfMemory:
+            for pages in got:
+                self.memory.free(state_type, pages)
+            raise
+        return got
+
+    def serve(self, input_tokens: TokenSeq, output_tokens: TokenSeq, owner: int) -> ServeResult:
+        """Serve one request to completion (Marconi's sequential method).
+
+        match(input) -> plan checkpoints -> compute the missing tokens -> insert(input + output).
+        The tokens the tree already holds stay locked while the new pages are allocated, so
+        eviction cannot pull the prefix out from under the insert.
+        """
+        now = self.tick()
+        result = self.tree.match(input_tokens)
+        self.tree.touch(result, now)
+        seq = input_tokens.concat(output_tokens)
+        plan = self.plan(input_tokens, result, len(seq))
+        hit = result.length
+        base = ServeResult(len(input_tokens), hit, self.spec.flops(hit), len(plan.positions), False)
+        if plan.cache_len == 0:
+            return base
+        key = seq.slice(0, plan.cache_len)
+        walk = self.tree.walk(key)
+        anchor = walk.path[-1] if walk.path else None
+        self.tree.lock(anchor)
+        try:
+            kv = self.allocate_kv(len(key) - walk.length, owner)
+            try:
+                states = self.allocate_states(len(plan.positions), owner)
+            except OutOfMemory:
+                for ptype, pages in zip(self.tree.kv_types, kv, strict=True):
+                    self.memory.free(ptype, pages)
+                raise
+        except OutOfMemory:
+            self.tree.unlock(anchor)
+            return base
+        self.tree.insert(key, walk.length, kv, dict(zip(plan.positions, states, strict=True)), now)
+        self.tree.unlock(anchor)
+        return ServeResult(base.input_tokens, hit, base.flops_saved, base.states_planned, True)
+
+    def check_integrity(self) -> None:
+        self.tree.check_integrity()

@@ -1,0 +1,64 @@
+"""Typed results of tree look-ups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jenga_sglang.policies.base import Branch
+from jenga_sglang.radix.memory import Pages
+from jenga_sglang.radix.node import Node
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Raw token walk: `length` leading tokens are in the tree along `path` (root excluded).
+
+    The last node of `path` may be matched only partly (length < its end).
+    """
+
+    length: int
+    path: tuple[Node, ...]
+
+    def branch(self) -> Branch:
+        if not self.path:
+            return Branch(length=0, at_node_end=True, checkpointed=True)
+        last = self.path[-1]
+        at_end = last.end == self.length
+        return Branch(self.length, at_end, at_end and last.state is not None)
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The longest prefix every layer group can reuse.
+
+        tokens:  [0 ............ length) [length ...... walk.length) [....... len(input))
+                  reusable by all groups   in the tree, not valid      not in the tree
+
+    `path` holds the nodes covering [0, length); the last one may extend beyond `length` when
+    no Mamba group forces hits onto node ends.
+    """
+
+    length: int
+    path: tuple[Node, ...]
+    walk: Walk
+
+    @property
+    def node(self) -> Node | None:
+        """Deepest node covering the hit (None for an empty hit)."""
+        return self.path[-1] if self.path else None
+
+    @property
+    def state(self) -> Pages | None:
+        """The SSM checkpoint valid at `length`, if the deepest node ends exactly there."""
+        node = self.node
+        return node.state if node is not None and node.end == self.length else None
+
+    def kv_pages(self, slot: int) -> list[Pages]:
+        """Pages of attention group `slot` along the hit, node by node (tombstones excluded)."""
+        out: list[Pages] = []
+        for node in self.path:
+            pages = node.kv[slot]
+            keep = min(node.end, self.length) - node.start - node.tombstones[slot]
+            if keep > 0:
+                out.append(pages.split(keep)[0] if keep < len(pages) else pages)
+        return out

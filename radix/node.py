@@ -1,0 +1,92 @@
+"""A node of the heterogeneous radix tree.
+
+A node owns the edge from its parent to itself: the tokens `key`, covering absolute positions
+[start, end) of every sequence through it, and for that span
+
+* per attention group, the KV pages of the tokens (sliding-window groups may have dropped the
+  leading `tombstones[g]` tokens' pages: those positions are out of every window that matters);
+* optionally one SSM checkpoint, valid exactly at `end` (the state after tokens [0, end)).
+
+    root ── [0, 5) ──┬── [5, 9)   state@9
+                     └── [5, 12)  state@12
+
+`lock_ref` counts the locks held on this node or below it (locking a node increments it along the
+whole path to the root), so a node with lock_ref > 0 and all its ancestors are never evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from jenga_sglang.radix.memory import Pages
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+class Node:
+    __slots__ = (
+        "children",
+        "end",
+        "hit_count",
+        "id",
+        "key",
+        "kv",
+        "last_access",
+        "lock_ref",
+        "parent",
+        "state",
+        "tombstones",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        key: TokenSeq,
+        parent: Node | None,
+        kv: list[Pages],
+        tombstones: list[int],
+        now: int,
+    ) -> None:
+        self.id = node_id
+        self.key = key
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.kv = kv
+        self.tombstones = tombstones
+        self.state: Pages | None = None
+        self.lock_ref = 0
+        self.last_access = now
+        self.hit_count = 0
+        self.end = (parent.end if parent is not None else 0) + len(key)
+
+    @property
+    def start(self) -> int:
+        return self.end - len(self.key)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def path_from_root(self) -> list[Node]:
+        """Nodes from the root's first child down to self (the root excluded)."""
+        path: list[Node] = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+    def subtree(self) -> Iterator[Node]:
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def __repr__(self) -> str:
+        state = " state" if self.state is not None else ""
+        return f"Node#{self.id}[{self.start},{self.end}){state} lock={self.lock_ref}"

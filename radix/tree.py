@@ -1,0 +1,377 @@
+"""The heterogeneous radix tree: one tree over token ids for every layer group of a model.
+
+Each node holds the KV pages of its edge for every attention group and at most one SSM
+checkpoint valid at its end (see node.py). The tree is framework-free: pages come from a
+`CacheMemory`, victims from an `EvictionPolicy`, hit rules from the model spec (rules.py).
+
+Invariants (checked by `check_integrity`):
+* links: every child is keyed by its first token, `end == parent.end + len(key)`, keys non-empty;
+* locks: lock_ref(n) = own locks(n) + sum of lock_ref over its children, with own locks >= 0;
+* pages: per attention group, len(kv[g]) + tombstones[g] == len(key) (full groups: no tombstones);
+  a state is one page; no page id is held by two nodes;
+* conservation: per page type, the pages of unlocked nodes are exactly the memory's evictable
+  pages, and the memory itself satisfies free + evictable + used == total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from jenga_sglang.models.spec import AttentionGroup, ModelSpec
+from jenga_sglang.policies.base import EvictionPolicy
+from jenga_sglang.radix.match import MatchResult, Walk
+from jenga_sglang.radix.memory import CacheMemory, IdPages, Pages, PageKind, PageType
+from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.rules import (
+    FullAttentionRule,
+    GroupRule,
+    MambaRule,
+    SlidingWindowRule,
+    longest_common_valid,
+)
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+class RadixTree:
+    """Token radix tree with per-group pages, SSM checkpoints, locks and policy-driven eviction."""
+
+    def __init__(self, spec: ModelSpec, memory: CacheMemory, policy: EvictionPolicy) -> None:
+        self.spec = spec
+        self.memory = memory
+        self.policy = policy
+        self.attention: tuple[AttentionGroup, ...] = spec.attention_groups
+        self.kv_types = tuple(
+            PageType(PageKind.KV, spec.groups.index(g)) for g in self.attention
+        )
+        mamba = spec.mamba_groups
+        self.state_type = PageType(PageKind.STATE, spec.groups.index(mamba[0])) if mamba else None
+        self.rules: tuple[GroupRule, ...] = self._build_rules()
+        self._next_id = 1
+        self.root = Node(0, TokenSeq(b""), None, [IdPages([]) for _ in self.attention],
+                         [0] * len(self.attention), now=0)
+        self.root.lock_ref = 1  # the root is never evicted
+        memory.set_evictor(self)
+        self.evicted_nodes = 0
+        self.evicted_states = 0
+
+    def _build_rules(self) -> tuple[GroupRule, ...]:
+        rules: list[GroupRule] = []
+        for slot, group in enumerate(self.attention):
+            if group.window is None:
+                rules.append(FullAttentionRule())
+            else:
+                rules.append(SlidingWindowRule(group.window, slot))
+        if self.state_type is not None:
+            rules.append(MambaRule())
+        return tuple(rules)
+
+    # ------------------------------------------------------------------ look-ups
+
+    def walk(self, key: TokenSeq) -> Walk:
+        """How many leading tokens of `key` the tree holds, ignoring hit rules (no side effects)."""
+        node, pos, path = self.root, 0, []
+        while pos < len(key):
+            child = node.children.get(key.head(pos))
+            if child is None:
+                break
+            n = child.key.common_prefix(key, pos)
+            path.append(child)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return Walk(pos, tuple(path))
+
+    def match(self, key: TokenSeq) -> MatchResult:
+        """Longest prefix of `key` valid for every layer group (no side effects)."""
+        walk = self.walk(key)
+        length = longest_common_valid(self.rules, walk.path, walk.length)
+        path = tuple(n for n in walk.path if n.start < length)
+        return MatchResult(length, path, walk)
+
+    def touch(self, result: MatchResult, now: int) -> None:
+        """Record a hit: the policy refreshes recency, the deepest node counts the hit."""
+        if result.path:
+            result.path[-1].hit_count += 1
+            self.policy.refresh(result.path, now)
+
+    # ------------------------------------------------------------------ locks
+
+    def lock(self, node: Node | None) -> None:
+        """Protect `node` and its ancestors from eviction until `unlock`."""
+        current = node
+        while current is not None and current is not self.root:
+            current.lock_ref += 1
+            if current.lock_ref == 1:
+                self._set_pages_used(current, used=True)
+                self.policy.update(current)
+            current = current.parent
+
+    def unlock(self, node: Node | None) -> None:
+        if node is None or node is self.root:
+            return
+        if node.lock_ref <= 0:
+            raise ValueError(f"unlock of {node!r}: it is not locked (lock_ref would go negative)")
+        if node.parent is None and node is not self.root:
+            raise ValueError(f"unlock of {node!r}: it is no longer in the tree")
+        current: Node | None = node
+        while current is not None and current is not self.root:
+            current.lock_ref -= 1
+            if current.lock_ref == 0:
+                self._set_pages_used(current, used=False)
+                self.policy.update(current)
+            current = current.parent
+
+    def _set_pages_used(self, node: Node, used: bool) -> None:
+        mark = self.memory.mark_used if used else self.memory.mark_evictable
+        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
+            if len(pages):
+                mark(ptype, pages)
+        if node.state is not None:
+            assert self.state_type is not None
+            mark(self.state_type, node.state)
+
+    # ------------------------------------------------------------------ insert
+
+    def insert(
+        self,
+        key: TokenSeq,
+        start: int,
+        kv: Sequence[Pages],
+        states: Mapping[int, Pages],
+        now: int,
+    ) -> Node:
+        """Cache `key`. The caller hands over pages it owns (used pages):
+
+            key:  [0 ........ start) [start .................... len(key))
+                   pages borrowed     kv[g]: the caller's pages (sliding-window groups may
+                   from the tree      have dropped a leading run: tombstones)
+
+        Positions the tree already holds are kept and the caller's duplicates freed; new
+        positions become a new leaf. `states` maps exact positions p in (0, len(key)] to a
+        one-page SSM checkpoint valid after tokens [0, p): the tree splits a node so that one
+        ends at p (the state stays with the node whose end it represents). Returns the node
+        ending at len(key). Bad input raises ValueError before anything changes.
+        """
+        self._validate_insert(key, start, kv, states)
+        walk = self.walk(key)
+        if walk.length < start:
+            raise ValueError(
+                f"insert claims {start} cached tokens but the tree holds only {walk.length} "
+                "(lock the matched prefix while computing the rest)"
+            )
+        node = self._descend_splitting(key, walk.length)
+        kv = self._free_duplicates(key, start, walk.length, kv)
+        if walk.length < len(key):
+            node = self._add_leaf(node, key.slice(walk.length), kv, now)
+        for pos in sorted(states):
+            self._attach_state(self._descend_splitting(key, pos), states[pos])
+        return node
+
+    def _validate_insert(self, key: TokenSeq, start: int, kv: Sequence[Pages],
+                         states: Mapping[int, Pages]) -> None:
+        if not isinstance(key, TokenSeq):
+            raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
+        if len(key) == 0:
+            raise ValueError("insert of an empty key")
+        if not 0 <= start <= len(key):
+            raise ValueError(f"start {start} outside [0, {len(key)}]")
+        if len(kv) != len(self.attention):
+            raise ValueError(f"expected pages for {len(self.attention)} attention groups, "
+                             f"got {len(kv)}")
+        span = len(key) - start
+        for group, pages in zip(self.attention, kv, strict=True):
+            ok = len(pages) == span if group.window is None else len(pages) <= span
+            if not ok:
+                raise ValueError(f"group {group.name}: {len(pages)} pages for {span} new tokens")
+        for pos, state in states.items():
+            if self.state_type is None:
+                raise ValueError("states given but the model has no Mamba group")
+            if not 0 < pos <= len(key):
+                raise ValueError(f"checkpoint position {pos} outside (0, {len(key)}]")
+            if len(state) != 1:
+                raise ValueError(f"a checkpoint is one state page, got {len(state)}")
+
+    def _descend_splitting(self, key: TokenSeq, length: int) -> Node:
+        """The node ending exactly at `length` along `key` (which the tree holds), splitting."""
+        node, pos = self.root, 0
+        while pos < length:
+            child = node.children[key.head(pos)]
+            if pos + len(child.key) > length:
+                child = self._split(child, length - pos)
+            node, pos = child, pos + len(child.key)
+        return node
+
+    def _free_duplicates(self, key: TokenSeq, start: int, present: int,
+                         kv: Sequence[Pages]) -> list[Pages]:
+        """Free the caller's pages for [start, present) and return those for [present, end)."""
+        span = len(key) - start
+        dup = present - start
+        rest: list[Pages] = []
+        for ptype, pages in zip(self.kv_types, kv, strict=True):
+            dropped = span - len(pages)  # sliding-window tombstones lead the span
+            cut = max(0, dup - dropped)
+            head, tail = pages.split(cut)
+            if len(head):
+                self.memory.free(ptype, head)
+            rest.append(tail)
+        return rest
+
+    def _add_leaf(self, parent: Node, key: TokenSeq, kv: list[Pages], now: int) -> Node:
+        tombstones = [len(key) - len(pages) for pages in kv]
+        leaf = Node(self._new_id(), key, parent, kv, tombstones, now)
+        parent.children[key.head(0)] = leaf
+        self._set_pages_used(leaf, used=False)
+        self.policy.update(leaf)
+        if parent is not self.root:
+            self.policy.update(parent)
+        return leaf
+
+    def _attach_state(self, node: Node, state: Pages) -> None:
+        assert self.state_type is not None
+        if node is self.root or node.state is not None:
+            self.memory.free(self.state_type, state)  # already checkpointed there
+            return
+        node.state = state
+        if node.lock_ref == 0:
+            self.memory.mark_evictable(self.state_type, state)
+        self.policy.update(node)
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut `node`'s edge after `at` tokens; returns the new upper node.
+
+        The SSM checkpoint stays with `node`: it is valid at node.end, which does not move.
+        """
+        assert node.parent is not None and 0 < at < len(node.key)
+        upper_kv: list[Pages] = []
+        upper_tomb: list[int] = []
+        for slot, pages in enumerate(node.kv):
+            tomb = node.tombstones[slot]
+            upper_tomb.append(min(tomb, at))
+            head, tail = pages.split(at - upper_tomb[-1])
+            upper_kv.append(head)
+            node.kv[slot] = tail
+            node.tombstones[slot] = max(0, tomb - at)
+        upper = Node(self._new_id(), node.key.slice(0, at), node.parent, upper_kv, upper_tomb,
+                     node.last_access)
+        upper.lock_ref = node.lock_ref
+        upper.hit_count = node.hit_count
+        node.parent.children[upper.key.head(0)] = upper
+        node.key = node.key.slice(at)
+        node.parent = upper
+        upper.children[node.key.head(0)] = node
+        self.policy.update(upper)
+        self.policy.update(node)
+        return upper
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict_for(self, ptype: PageType) -> bool:
+        """Evictor callback of the memory: evict the policy's next victim."""
+        victim = self.policy.victim()
+        if victim is None:
+            return False
+        if victim.is_leaf:
+            self.evict_leaf(victim)
+        else:
+            self.drop_state(victim)
+        return True
+
+    def evict_leaf(self, node: Node) -> None:
+        """Free everything an unlocked leaf holds and remove it."""
+        if node is self.root or not node.is_leaf or node.lock_ref:
+            raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
+        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
+            if len(pages):
+                self.memory.free_evictable(ptype, pages)
+        if node.state is not None:
+            assert self.state_type is not None
+            self.memory.free_evictable(self.state_type, node.state)
+            self.evicted_states += 1
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key.head(0)]
+        node.parent = None
+        self.policy.remove(node)
+        self.evicted_nodes += 1
+        if parent is not self.root:
+            self.policy.update(parent)
+
+    def drop_state(self, node: Node) -> None:
+        """Evict a one-child node's checkpoint; its child absorbs its edge and KV (Marconi)."""
+        if node.lock_ref or len(node.children) != 1 or node.state is None:
+            raise ValueError(f"cannot drop the state of {node!r}: needs an unlocked node with "
+                             "one child and a checkpoint")
+        assert self.state_type is not None and node.parent is not None
+        self.memory.free_evictable(self.state_type, node.state)
+        node.state = None
+        self.evicted_states += 1
+        (child,) = node.children.values()
+        for slot, ptype in enumerate(self.kv_types):
+            if child.tombstones[slot]:
+                # The child's leading pages are gone, so no hit beyond node.end can use the
+                # node's window pages either: they become tombstones too.
+                if len(node.kv[slot]):
+                    self.memory.free_evictable(ptype, node.kv[slot])
+                child.tombstones[slot] += len(node.key)
+            else:
+                child.kv[slot] = node.kv[slot].concat(child.kv[slot])
+                child.tombstones[slot] = node.tombstones[slot]
+        child.key = node.key.concat(child.key)
+        child.parent = node.parent
+        node.parent.children[child.key.head(0)] = child
+        node.parent = None
+        node.children = {}
+        self.policy.remove(node)
+        self.policy.update(child)
+
+    # ------------------------------------------------------------------ integrity
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node but the root."""
+        it = self.root.subtree()
+        next(it)
+        return it
+
+    def check_integrity(self) -> None:
+        """Assert the invariants in the module docstring (tests and `--check` call this)."""
+        evictable = dict.fromkeys(self.memory.page_types, 0)
+        owned: dict[PageType, set[int]] = {t: set() for t in self.memory.page_types}
+        for node in self.nodes():
+            self._check_node(node)
+            held = list(zip(self.kv_types, node.kv, strict=True))
+            if node.state is not None and self.state_type is not None:
+                held.append((self.state_type, node.state))
+            for ptype, pages in held:
+                if node.lock_ref == 0:
+                    evictable[ptype] += len(pages)
+                if isinstance(pages, IdPages):
+                    ids = pages.ids()
+                    clash = owned[ptype].intersection(ids)
+                    assert not clash, f"{ptype} pages {sorted(clash)[:5]} owned twice"
+                    owned[ptype].update(ids)
+        for ptype, count in evictable.items():
+            usage = self.memory.usage(ptype)
+            assert usage.evictable == count, (
+                f"{ptype}: memory has {usage.evictable} evictable pages, tree's unlocked nodes "
+                f"hold {count}"
+            )
+        self.memory.check_integrity()
+
+    def _check_node(self, node: Node) -> None:
+        parent = node.parent
+        assert parent is not None, f"{node!r} is detached"
+        assert len(node.key) > 0, f"{node!r} has an empty key"
+        assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
+        assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
+        own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
+        assert own >= 0, f"{node!r}: lock_ref below the sum of its children's"
+        for slot, group in enumerate(self.attention):
+            tomb = node.tombstones[slot]
+            assert len(node.kv[slot]) + tomb == len(node.key), f"{node!r} group {slot} pages"
+            assert group.window is not None or tomb == 0, f"{node!r}: tombstone in full group"
+        assert node.state is None or len(node.state) == 1, f"{node!r}: state is not one page"
