@@ -200,15 +200,13 @@ _NEMOTRON_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 def _nemotron_h(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
-    if f.has("hybrid_override_pattern"):
-        _, pattern = f.get("hybrid_override_pattern")
-        if not isinstance(pattern, str) or not pattern or set(pattern) - set(_NEMOTRON_KINDS):
-            raise f.error(
-                "hybrid_override_pattern", f"must be a string over 'M*-E', got {pattern!r}"
-            )
-        kinds = [_NEMOTRON_KINDS[c] for c in pattern]
+    field, layout = f.get("hybrid_override_pattern", "layers_block_type")
+    if field == "layers_block_type":
+        kinds = f.str_list(field, set(_NEMOTRON_KINDS.values()))
+    elif isinstance(layout, str) and layout and not set(layout) - set(_NEMOTRON_KINDS):
+        kinds = [_NEMOTRON_KINDS[c] for c in layout]
     else:
-        kinds = f.str_list("layers_block_type", set(_NEMOTRON_KINDS.values()))
+        raise f.error(field, f"must be a string over 'M*-E', got {layout!r}")
     if f.has("num_hidden_layers") and f.int("num_hidden_layers") != len(kinds):
         raise f.error(
             "num_hidden_layers",
@@ -297,8 +295,8 @@ def _qwen3_next_mlps(f: _Fields, n: int, d: int) -> list[LayerGroup]:
 
 def _falcon_h1(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
-    heads = f.int("num_attention_heads")
-    head_dim = f.int("head_dim") if f.has("head_dim") else d // heads
+    # Falcon-H1's head_dim is not hidden_size / heads (7B: 12 x 128 < 3072): never guess it.
+    head_dim = f.int("head_dim")
     d_inner = f.int("mamba_d_ssm") if f.has("mamba_d_ssm") else f.int("mamba_expand") * d
     m_heads = f.int("mamba_n_heads")
     _, raw_head = f.get("mamba_d_head") if f.has("mamba_d_head") else ("", "auto")
