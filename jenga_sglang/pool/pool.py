@@ -36,6 +36,7 @@ from jenga_sglang.pool.sizing import PoolGeometry
 from jenga_sglang.radix.memory import CacheMemory, IdPages, OutOfMemory, Pages, PageType, Usage
 
 EMPTY, EVICTABLE, USED = 0, 1, 2
+FREE = -1  # type index of a large page that is not carved
 _STATE_NAMES = ("empty", "evictable", "used")
 
 
@@ -55,39 +56,42 @@ class JengaPool(CacheMemory):
         self.request_aware = request_aware
         self.num_large = capacity_bytes // large
         self._capacity = capacity_bytes
-        self._per = {tg.ptype: tg.per_large for tg in geometry.types}
-        self._stride = {tg.ptype: tg.page_bytes for tg in geometry.types}
-        self._data = {tg.ptype: tg.data_bytes for tg in geometry.types}
-        self._state = {t: bytearray(self.num_large * n) for t, n in self._per.items()}
+        # Internals index types by position k (hashing a PageType costs more than the work).
+        self._types = geometry.page_types
+        self._index = {t: k for k, t in enumerate(self._types)}
+        self._per = [tg.per_large for tg in geometry.types]
+        self._stride = [tg.page_bytes for tg in geometry.types]
+        self._data = [tg.data_bytes for tg in geometry.types]
+        self._state = [bytearray(self.num_large * n) for n in self._per]
         n = self.num_large
-        self._lp_type: list[PageType | None] = [None] * n
+        self._lp_type = [FREE] * n  # type index, or FREE
         self._lp_owner: list[int | None] = [None] * n
         self._lp_next = [0] * n  # bump pointer: offsets >= next were never taken since carving
         self._lp_stack: list[list[int]] = [[] for _ in range(n)]  # ids given back since carving
         self._lp_count = [[0, 0, 0] for _ in range(n)]  # empty / evictable / used small pages
         self._free_large = list(range(n - 1, -1, -1))  # stack: pops the lowest page first
-        self._owner_open: dict[tuple[int, PageType], dict[int, None]] = {}
-        self._type_open: dict[PageType, dict[int, None]] = {t: {} for t in self._per}
-        self._carved = dict.fromkeys(self._per, 0)
-        self._reclaimable = dict.fromkeys(self._per, 0)  # carved, no used page
-        self._count = {t: [0, 0, 0] for t in self._per}  # per type, within carved pages
+        self._owner_open: dict[tuple[int, int], dict[int, None]] = {}
+        self._type_open: list[dict[int, None]] = [{} for _ in self._types]
+        self._carved = [0] * len(self._types)
+        self._reclaimable = [0] * len(self._types)  # carved, evictable pages, no used page
+        self._count = [[0, 0, 0] for _ in self._types]  # per type, within carved pages
 
     # ---- CacheMemory queries ---------------------------------------------------------------
 
     @property
     def page_types(self) -> tuple[PageType, ...]:
-        return self.geometry.page_types
+        return self._types
 
     def page_bytes(self, ptype: PageType) -> int:
-        return self._data[self._check_type(ptype)]
+        return self._data[self._k(ptype)]
 
     def page_stride(self, ptype: PageType) -> int:
         """Bytes one page occupies in the buffer (payload plus padding)."""
-        return self._stride[self._check_type(ptype)]
+        return self._stride[self._k(ptype)]
 
     def num_pages(self, ptype: PageType) -> int:
         """Size of the id space of `ptype` (pages if every large page went to it)."""
-        return self.num_large * self._per[self._check_type(ptype)]
+        return self.num_large * self._per[self._k(ptype)]
 
     @property
     def capacity_bytes(self) -> int:
@@ -99,27 +103,30 @@ class JengaPool(CacheMemory):
 
     def owner_of(self, ptype: PageType, page: int) -> int | None:
         """Owner associated with the large page holding `page` (None when it is free)."""
-        self._check_range(self._check_type(ptype), page)
-        return self._lp_owner[page // self._per[ptype]]
+        k = self._k(ptype)
+        self._check_range(k, page)
+        return self._lp_owner[page // self._per[k]]
 
     def usage(self, ptype: PageType) -> Usage:
         """Pages of `ptype`: free counts empty carved pages plus free large pages carved as it."""
-        empty, evictable, used = self._count[self._check_type(ptype)]
-        free = empty + len(self._free_large) * self._per[ptype]
-        return Usage(free + evictable + used, free, evictable, used, self._data[ptype])
+        k = self._k(ptype)
+        empty, evictable, used = self._count[k]
+        free = empty + len(self._free_large) * self._per[k]
+        return Usage(free + evictable + used, free, evictable, used, self._data[k])
 
     def held_bytes(self) -> int:
-        return sum((c[EVICTABLE] + c[USED]) * self._data[t] for t, c in self._count.items())
+        pairs = zip(self._count, self._data, strict=True)
+        return sum((c[EVICTABLE] + c[USED]) * d for c, d in pairs)
 
     def fragmentation_bytes(self) -> int:
         """Empty small pages inside carved large pages: only their own type can use them."""
-        return sum(c[EMPTY] * self._stride[t] for t, c in self._count.items())
+        return sum(c[EMPTY] * s for c, s in zip(self._count, self._stride, strict=True))
 
     def padding_bytes(self) -> int:
         """Padding inside held pages (alignment and granule)."""
         return sum(
-            (c[EVICTABLE] + c[USED]) * (self._stride[t] - self._data[t])
-            for t, c in self._count.items()
+            (c[EVICTABLE] + c[USED]) * (s - d)
+            for c, s, d in zip(self._count, self._stride, self._data, strict=True)
         )
 
     def remainder_bytes(self) -> int:
@@ -130,39 +137,40 @@ class JengaPool(CacheMemory):
 
     def snapshot(self) -> tuple[object, ...]:
         """Every page's state, type and owner: equal snapshots mean equal allocator states."""
-        states = tuple(bytes(self._state[t]) for t in self.page_types)
+        states = tuple(bytes(s) for s in self._state)
         return (states, tuple(self._lp_type), tuple(self._lp_owner), sorted(self._free_large))
 
     # ---- allocation --------------------------------------------------------------------------
 
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
-        self._check_type(ptype)
+        k = self._k(ptype)
         if count < 0:
             raise ValueError(f"cannot allocate {count} pages of {ptype}")
-        self._precheck(ptype, count)
+        self._precheck(k, count)
         taken: list[int] = []
         try:
             for _ in range(count):
-                taken.append(self._alloc_one(ptype, owner))
+                taken.append(self._alloc_one(k, owner))
         except OutOfMemory:
             for page in reversed(taken):  # reverse order restores the free-list order too
-                self._give_back(ptype, page)
+                self._give_back(k, page)
             raise
         return IdPages(taken)
 
-    def _precheck(self, t: PageType, count: int) -> None:
-        per, stride = self._per[t], self._stride[t]
+    def _precheck(self, k: int, count: int) -> None:
+        per, stride, t = self._per[k], self._stride[k], self._types[k]
         if count > self.num_large * per:
             raise OutOfMemory(
                 f"request for {count} {t} pages ({count * stride} bytes) exceeds the whole pool: "
                 f"{self.num_large * per} pages of {stride} bytes in {self._capacity} bytes"
             )
-        reachable = self._count[t][EMPTY] + len(self._free_large) * per
+        reachable = self._count[k][EMPTY] + len(self._free_large) * per
         if self._evictor is not None:
-            other = sum(r for u, r in self._reclaimable.items() if u != t)
-            reachable = (len(self._free_large) + other + self._carved[t]) * per - self._count[t][
-                USED
-            ]
+            # After evicting everything: other types' large pages without used pages come back
+            # whole, and every page of a type-k large page that is not used becomes empty.
+            other = sum(self._reclaimable) - self._reclaimable[k]
+            large = len(self._free_large) + other + self._carved[k]
+            reachable = large * per - self._count[k][USED]
         if count > reachable:
             raise OutOfMemory(
                 f"request for {count} {t} pages ({count * stride} bytes): at most {reachable} "
@@ -170,112 +178,112 @@ class JengaPool(CacheMemory):
                 f"{self._capacity}-byte pool is in use"
             )
 
-    def _alloc_one(self, t: PageType, owner: int) -> int:
-        page = self._from_own_or_free(t, owner)
-        if page is None and self._evict_for_large(t):
-            page = self._from_own_or_free(t, owner)  # step 3 done: back to steps 1-2
+    def _alloc_one(self, k: int, owner: int) -> int:
+        page = self._from_own_or_free(k, owner)  # steps 1-2
+        if page is None and self._evict_for_large(k):
+            page = self._from_own_or_free(k, owner)  # step 3 freed a large page
         if page is None:
-            page = self._from_any(t)  # step 4
-        if page is None and self._evict_until(t, lambda: self._type_open[t] or self._free_large):
-            page = self._from_own_or_free(t, owner)  # step 5
+            page = self._from_any(k)  # step 4
+        if page is None and self._evict_until(
+            self._types[k], lambda: self._type_open[k] or self._free_large
+        ):
+            page = self._from_own_or_free(k, owner)  # step 5
             if page is None:
-                page = self._from_any(t)
+                page = self._from_any(k)
         if page is None:
             raise OutOfMemory(
-                f"no {t} page ({self._stride[t]} bytes) could be freed: the evictor ran dry "
-                f"with {self.held_bytes()} of {self._capacity} bytes held"
+                f"no {self._types[k]} page ({self._stride[k]} bytes) could be freed: the "
+                f"evictor ran dry with {self.held_bytes()} of {self._capacity} bytes held"
             )
         return page
 
-    def _from_own_or_free(self, t: PageType, owner: int) -> int | None:
+    def _from_own_or_free(self, k: int, owner: int) -> int | None:
         if self.request_aware:
-            own = self._owner_open.get((owner, t))
+            own = self._owner_open.get((owner, k))
             if own:
                 return self._take(next(iter(own)))
-        elif self._type_open[t]:
-            return self._take(next(iter(self._type_open[t])))
+        elif self._type_open[k]:
+            return self._take(next(iter(self._type_open[k])))
         if self._free_large:
             lp = self._free_large.pop()
-            self._carve(lp, t, owner)
+            self._carve(lp, k, owner)
             return self._take(lp)
         return None
 
-    def _from_any(self, t: PageType) -> int | None:
-        open_pages = self._type_open[t]
+    def _from_any(self, k: int) -> int | None:
+        open_pages = self._type_open[k]
         return self._take(next(iter(open_pages))) if open_pages else None
 
-    def _evict_for_large(self, t: PageType) -> bool:
+    def _evict_for_large(self, k: int) -> bool:
         while not self._free_large:
-            if self._evictor is None or not any(self._reclaimable.values()):
+            if self._evictor is None or not any(self._reclaimable):
                 return False
-            if not self._evictor.evict_for(t):
+            if not self._evictor.evict_for(self._types[k]):
                 return False
         return True
 
     # ---- state transitions ---------------------------------------------------------------------
 
-    def _carve(self, lp: int, t: PageType, owner: int) -> None:
-        self._lp_type[lp], self._lp_owner[lp] = t, owner
+    def _carve(self, lp: int, k: int, owner: int) -> None:
+        self._lp_type[lp], self._lp_owner[lp] = k, owner
         self._lp_next[lp] = 0
         self._lp_stack[lp] = []
-        self._carved[t] += 1
-        self._shift(lp, t, None, EMPTY, self._per[t])
+        self._carved[k] += 1
+        self._shift(lp, k, None, EMPTY, self._per[k])
 
     def _take(self, lp: int) -> int:
-        t = self._lp_type[lp]
-        assert t is not None, f"large page {lp} is not carved"
+        k = self._lp_type[lp]
         stack = self._lp_stack[lp]
         if stack:
             page = stack.pop()
         else:
-            page = lp * self._per[t] + self._lp_next[lp]
+            page = lp * self._per[k] + self._lp_next[lp]
             self._lp_next[lp] += 1
-        self._state[t][page] = USED
-        self._shift(lp, t, EMPTY, USED)
+        self._state[k][page] = USED
+        self._shift(lp, k, EMPTY, USED)
         return page
 
-    def _give_back(self, t: PageType, page: int) -> None:
-        lp = page // self._per[t]
-        src = self._state[t][page]
-        self._state[t][page] = EMPTY
+    def _give_back(self, k: int, page: int) -> None:
+        lp = page // self._per[k]
+        src = self._state[k][page]
+        self._state[k][page] = EMPTY
         self._lp_stack[lp].append(page)
-        self._shift(lp, t, src, EMPTY)
-        if self._lp_count[lp][EMPTY] == self._per[t]:
-            self._release(lp, t)
+        self._shift(lp, k, src, EMPTY)
+        if self._lp_count[lp][EMPTY] == self._per[k]:
+            self._release(lp, k)
 
-    def _release(self, lp: int, t: PageType) -> None:
-        self._shift(lp, t, EMPTY, None, self._per[t])
-        self._carved[t] -= 1
-        self._lp_type[lp] = self._lp_owner[lp] = None
+    def _release(self, lp: int, k: int) -> None:
+        self._shift(lp, k, EMPTY, None, self._per[k])
+        self._carved[k] -= 1
+        self._lp_type[lp] = FREE
+        self._lp_owner[lp] = None
         self._lp_stack[lp] = []
         self._free_large.append(lp)
 
-    def _shift(self, lp: int, t: PageType, src: int | None, dst: int | None, n: int = 1) -> None:
+    def _shift(self, lp: int, k: int, src: int | None, dst: int | None, n: int = 1) -> None:
         """Move n small pages of large page lp from state src to dst (None: outside the pool)."""
-        counts, totals = self._lp_count[lp], self._count[t]
-        was_open, was_reclaimable = counts[EMPTY] > 0, self._is_reclaimable(counts)
-        for state, delta in ((src, -n), (dst, n)):
-            if state is not None:
-                counts[state] += delta
-                totals[state] += delta
-        self._reclaimable[t] += self._is_reclaimable(counts) - was_reclaimable
-        is_open = counts[EMPTY] > 0
-        if is_open != was_open:
-            self._set_open(lp, t, is_open)
+        counts, totals = self._lp_count[lp], self._count[k]
+        was_open = counts[EMPTY] > 0
+        was_reclaimable = counts[USED] == 0 and counts[EVICTABLE] > 0
+        if src is not None:
+            counts[src] -= n
+            totals[src] -= n
+        if dst is not None:
+            counts[dst] += n
+            totals[dst] += n
+        self._reclaimable[k] += (counts[USED] == 0 and counts[EVICTABLE] > 0) - was_reclaimable
+        if (counts[EMPTY] > 0) != was_open:
+            self._set_open(lp, k, not was_open)
 
-    @staticmethod
-    def _is_reclaimable(counts: list[int]) -> int:
-        return int(counts[USED] == 0 and counts[EVICTABLE] > 0)
-
-    def _set_open(self, lp: int, t: PageType, is_open: bool) -> None:
+    def _set_open(self, lp: int, k: int, is_open: bool) -> None:
         owner = self._lp_owner[lp]
-        assert owner is not None
-        key = (owner, t)
+        assert owner is not None, f"carved large page {lp} has no owner"
+        key = (owner, k)
         if is_open:
-            self._type_open[t][lp] = None
+            self._type_open[k][lp] = None
             self._owner_open.setdefault(key, {})[lp] = None
             return
-        del self._type_open[t][lp]
+        del self._type_open[k][lp]
         own = self._owner_open[key]
         del own[lp]
         if not own:
@@ -284,58 +292,61 @@ class JengaPool(CacheMemory):
     # ---- page moves requested by the tree --------------------------------------------------------
 
     def free(self, ptype: PageType, pages: Pages) -> None:
-        for page in self._checked(ptype, pages, USED, "free"):
-            self._give_back(ptype, page)
+        k = self._k(ptype)
+        for page in self._checked(k, pages, USED, "free"):
+            self._give_back(k, page)
 
     def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        for page in self._checked(ptype, pages, EVICTABLE, "free_evictable"):
-            self._give_back(ptype, page)
+        k = self._k(ptype)
+        for page in self._checked(k, pages, EVICTABLE, "free_evictable"):
+            self._give_back(k, page)
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._mark(ptype, pages, USED, EVICTABLE, "mark_evictable")
+        self._mark(self._k(ptype), pages, USED, EVICTABLE, "mark_evictable")
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        self._mark(ptype, pages, EVICTABLE, USED, "mark_used")
+        self._mark(self._k(ptype), pages, EVICTABLE, USED, "mark_used")
 
-    def _mark(self, t: PageType, pages: Pages, src: int, dst: int, op: str) -> None:
-        state = self._state[t]
-        for page in self._checked(t, pages, src, op):
+    def _mark(self, k: int, pages: Pages, src: int, dst: int, op: str) -> None:
+        state, per = self._state[k], self._per[k]
+        for page in self._checked(k, pages, src, op):
             state[page] = dst
-            self._shift(page // self._per[t], t, src, dst)
+            self._shift(page // per, k, src, dst)
 
-    def _checked(self, t: PageType, pages: Pages, expected: int, op: str) -> list[int]:
+    def _checked(self, k: int, pages: Pages, expected: int, op: str) -> list[int]:
         """Validate every id before any state changes, so a bad call changes nothing."""
-        self._check_type(t)
         ids = pages.ids()
+        t = self._types[k]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{op}({t}): duplicate page ids in {ids}")
-        state = self._state[t]
+        state, per, lp_type = self._state[k], self._per[k], self._lp_type
         for page in ids:
-            self._check_range(t, page)
-            if self._lp_type[page // self._per[t]] != t or state[page] != expected:
-                actual = self._describe(t, page)
+            self._check_range(k, page)
+            if lp_type[page // per] != k or state[page] != expected:
                 raise ValueError(
-                    f"{op}({t}): page {page} is {actual}, expected {_STATE_NAMES[expected]}"
+                    f"{op}({t}): page {page} is {self._describe(k, page)}, "
+                    f"expected {_STATE_NAMES[expected]}"
                 )
         return ids
 
-    def _describe(self, t: PageType, page: int) -> str:
-        carved = self._lp_type[page // self._per[t]]
-        if carved is None:
+    def _describe(self, k: int, page: int) -> str:
+        carved = self._lp_type[page // self._per[k]]
+        if carved == FREE:
             return "in a free large page"
-        if carved != t:
-            return f"in a large page carved as {carved}"
-        return _STATE_NAMES[self._state[t][page]]
+        if carved != k:
+            return f"in a large page carved as {self._types[carved]}"
+        return _STATE_NAMES[self._state[k][page]]
 
-    def _check_type(self, ptype: PageType) -> PageType:
-        if ptype not in self._per:
-            raise ValueError(f"unknown page type {ptype}; pool has {list(map(str, self._per))}")
-        return ptype
+    def _k(self, ptype: PageType) -> int:
+        k = self._index.get(ptype)
+        if k is None:
+            raise ValueError(f"unknown page type {ptype}; pool has {list(map(str, self._types))}")
+        return k
 
-    def _check_range(self, t: PageType, page: object) -> None:
-        limit = self.num_large * self._per[t]
+    def _check_range(self, k: int, page: object) -> None:
+        limit = self.num_large * self._per[k]
         if not isinstance(page, int) or isinstance(page, bool) or not 0 <= page < limit:
-            raise ValueError(f"{t} page id {page!r} out of range [0, {limit})")
+            raise ValueError(f"{self._types[k]} page id {page!r} out of range [0, {limit})")
 
     # ---- integrity ----------------------------------------------------------------------------
 
