@@ -1,0 +1,343 @@
+"""Engine replay: continuous batching over a byte budget, timed by the cost model.
+
+Requests arrive at their trace `ts`. Each engine step:
+
+1. admits waiting requests first come, first served (head-of-line blocking, as SGLang does): the
+   head is matched against the tree and admitted only if every running request's *reserve*
+   plus its own fits in the memory that is free or evictable. A request's reserve is its
+   remaining prefill tokens plus min(output, `decode_reserve_tokens`) minus what it decoded
+   (KV bytes per token), plus one SSM state. The matched prefix is locked while it runs;
+2. decodes one token for every request whose prefill is done (its KV page is allocated when
+   the token is produced), then spends up to `chunk_tokens` on prefill chunks in admission
+   order (chunked prefill; the step that completes a prefill also produces the first token);
+3. advances the clock by `CostModel.step_seconds` of the step's FLOPs and bytes read;
+4. finishes requests that produced all their output: their input + output is inserted into
+   the tree (admission plan and checkpoints as in sequential replay), the lock released, and
+   the tuner told.
+
+When an allocation fails even after evicting everything evictable, the most recently admitted
+request is retracted: its pages are freed, its lock released, and it goes back to the head of
+the queue to start over (its first TTFT stands). A request that cannot fit alone is rejected.
+
+TTFT = end of the step that produced the first token - arrival. Memory is sampled each step as
+used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jenga_sglang.bench.cost_model import CostModel, decode_bytes, weight_bytes
+from jenga_sglang.bench.replay import PackedRequest, ReplayStats
+from jenga_sglang.policies.base import CheckpointPlan
+from jenga_sglang.policies.tuning import AlphaTuner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.memory import OutOfMemory, Pages
+from jenga_sglang.radix.node import Node
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    chunk_tokens: int = 8192  # prefill tokens per step (SGLang's chunked_prefill_size default)
+    max_running: int = 256  # requests in one batch at most
+    decode_reserve_tokens: int = 256  # decode tokens reserved per request at admission
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_tokens", "max_running"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine {name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_reserve_tokens < 0:
+            raise ValueError(f"decode_reserve_tokens must be >= 0: {self.decode_reserve_tokens}")
+
+
+@dataclass
+class EngineStats(ReplayStats):
+    """ReplayStats plus latency, batching and memory over (simulated) time."""
+
+    ttfts: list[float] = field(default_factory=list)
+    makespan_s: float = 0.0
+    steps: int = 0
+    retractions: int = 0
+    rejected: int = 0
+    #: One row per step: (time, decode batch, prefill tokens, used, evictable, wasted, free bytes).
+    timeline: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
+
+
+class _Running:
+    """A request in the batch and the pages it holds (tokens [hit, computed) of its sequence)."""
+
+    def __init__(
+        self, index: int, req: PackedRequest, hit: int, anchor: Node | None, plan: CheckpointPlan
+    ) -> None:
+        self.index, self.req, self.hit, self.anchor, self.plan = index, req, hit, anchor, plan
+        self.done = hit  # input tokens whose KV exists (cached or prefilled)
+        self.decoded = 0  # output tokens produced
+        self.kv: list[Pages] | None = None
+        self.states: list[Pages] = []
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done < len(self.req.inp)
+
+    @property
+    def finished(self) -> bool:
+        return not self.prefilling and self.decoded >= len(self.req.out)
+
+
+class EngineSim:
+    """One engine replay of `requests` through `cache` (see the module docstring)."""
+
+    def __init__(
+        self,
+        requests: Sequence[PackedRequest],
+        cache: PrefixCache,
+        tuner: AlphaTuner | None,
+        cost: CostModel | None = None,
+        config: EngineConfig | None = None,
+        check: bool = False,
+    ) -> None:
+        self.requests, self.cache, self.tuner, self.check = requests, cache, tuner, check
+        self.cost = cost or CostModel()
+        self.config = config or EngineConfig()
+        self.spec, self.memory = cache.spec, cache.memory
+        self.kv_bytes = self.spec.kv_bytes_per_token
+        self.state_bytes = self.spec.state_bytes
+        self.weights = weight_bytes(self.spec, self.cost.weight_dtype_bytes)
+        self.waiting: deque[int] = deque()
+        self.running: list[_Running] = []
+        self.first_token: dict[int, float] = {}
+        self.stats = EngineStats()
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> EngineStats:
+        start = time.perf_counter()
+        arrivals, n = 0, len(self.requests)
+        while arrivals < n or self.waiting or self.running:
+            while arrivals < n and self.requests[arrivals].ts <= self.now:
+                self.waiting.append(arrivals)
+                arrivals += 1
+            if not self.waiting and not self.running:
+                self.now = self.requests[arrivals].ts
+                continue
+            self._admit()
+            if self.running:
+                self._step()
+        st = self.stats
+        st.makespan_s = self.now
+        st.ttfts = [self.first_token[i] - self.requests[i].ts for i in sorted(self.first_token)]
+        st.tuning_s = self.tuner.log.seconds if self.tuner is not None else 0.0
+        st.wall_s = time.perf_counter() - start - st.tuning_s
+        return st
+
+    # ------------------------------------------------------------------ admission
+
+    def _reserve(self, run: _Running) -> int:
+        req = run.req
+        tokens = len(req.inp) - run.done
+        tokens += max(0, min(len(req.out), self.config.decode_reserve_tokens) - run.decoded)
+        return tokens * self.kv_bytes + (0 if run.states else self.state_bytes)
+
+    def _available(self) -> int:
+        """Bytes free or evictable: what running requests may still claim."""
+        used = 0
+        for ptype in self.memory.page_types:
+            u = self.memory.usage(ptype)
+            used += u.used * u.page_bytes
+        return self.memory.capacity_bytes - used - self.memory.wasted_bytes()
+
+    def _fits_alone(self, req: PackedRequest) -> bool:
+        total = len(req.inp) + len(req.out)
+        return total * self.kv_bytes + 2 * self.state_bytes <= self.memory.capacity_bytes
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_running:
+            index = self.waiting[0]
+            req = self.requests[index]
+            if not self._fits_alone(req):
+                self.waiting.popleft()
+                self.stats.rejected += 1
+                continue
+            result = self.cache.tree.match(req.inp)
+            run = _Running(index, req, result.length, result.node, CheckpointPlan())
+            committed = sum(self._reserve(r) for r in self.running)
+            if committed + self._reserve(run) > self._available():
+                if not self.running:  # nothing will free memory: it can never run
+                    self.waiting.popleft()
+                    self.stats.rejected += 1
+                    continue
+                return
+            self.waiting.popleft()
+            self.cache.tree.touch(result, self.cache.tick())
+            total = len(req.inp) + len(req.out)
+            run.plan = self.cache.plan(req.inp, result, total)
+            self.cache.tree.lock(run.anchor)
+            self.running.append(run)
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self) -> None:
+        flops, read = 0.0, self.weights
+        first: list[_Running] = []
+        decoding = [r for r in self.running if not r.prefilling and not r.finished]
+        for run in decoding:
+            if run in self.running and self._grow(run, 1):
+                ctx = len(run.req.inp) + run.decoded
+                flops += self.spec.prefill_flops(ctx, ctx + 1)
+                read += decode_bytes(self.spec, ctx)
+                run.decoded += 1
+                if run.decoded == 1:  # a full-input hit: the first token comes from decode
+                    first.append(run)
+        prefill_tokens, prefilled = self._prefill_chunks()
+        flops += sum(f for f, _ in prefill_tokens)
+        self.now += self.cost.step_seconds(flops, read)
+        for run in first + prefilled:
+            if run in self.running:
+                self.first_token.setdefault(run.index, self.now)
+        self._record(len(decoding), sum(n for _, n in prefill_tokens))
+        for run in [r for r in self.running if r.finished]:
+            self.first_token.setdefault(run.index, self.now)  # requests without output
+            self._finish(run)
+        if self.check:
+            self.cache.check_integrity()
+
+    def _prefill_chunks(self) -> tuple[list[tuple[float, int]], list[_Running]]:
+        budget = self.config.chunk_tokens
+        chunks: list[tuple[float, int]] = []
+        first: list[_Running] = []
+        for run in [r for r in self.running if r.prefilling]:
+            if budget == 0:
+                break
+            if run not in self.running:  # retracted by an earlier allocation this step
+                continue
+            n = min(budget, len(run.req.inp) - run.done)
+            if not self._grow(run, n):
+                continue
+            chunks.append((self.spec.prefill_flops(run.done, run.done + n), n))
+            run.done += n
+            budget -= n
+            if not run.prefilling:
+                first.append(run)
+                if run.req.out and self._grow(run, 1):
+                    run.decoded = 1
+        return chunks, first
+
+    def _grow(self, run: _Running, count: int) -> bool:
+        """Allocate KV for `count` more tokens of `run`, retracting others when short.
+
+        False when `run` itself was retracted (or rejected) instead.
+        """
+        while True:
+            try:
+                if self.state_bytes and not run.states:  # the running SSM state, held first
+                    run.states = self.cache.allocate_states(1, owner=run.index)
+                pages = self.cache.allocate_kv(count, owner=run.index)
+            except OutOfMemory:
+                victim = self.running[-1]
+                alone = len(self.running) == 1
+                self._retract(victim)
+                if victim is run:
+                    if alone:  # retracted with nothing else running: it can never fit
+                        self.waiting.remove(run.index)
+                        self.stats.rejected += 1
+                    return False
+                continue
+            run.kv = (
+                pages
+                if run.kv is None
+                else [a.concat(b) for a, b in zip(run.kv, pages, strict=True)]
+            )
+            return True
+
+    def _release_pages(self, run: _Running) -> None:
+        tree = self.cache.tree
+        for ptype, pages in zip(tree.kv_types, run.kv or [], strict=False):
+            if len(pages):
+                self.memory.free(ptype, pages)
+        if tree.state_type is not None:
+            for state in run.states:
+                self.memory.free(tree.state_type, state)
+        run.kv, run.states = None, []
+
+    def _retract(self, run: _Running) -> None:
+        self._release_pages(run)
+        self.cache.tree.unlock(run.anchor)
+        self.running.remove(run)
+        self.waiting.appendleft(run.index)
+        self.stats.retractions += 1
+
+    # ------------------------------------------------------------------ completion
+
+    def _finish(self, run: _Running) -> None:
+        self.running.remove(run)
+        req, plan, tree = run.req, run.plan, self.cache.tree
+        if plan.cache_len > run.hit:
+            self._insert(run, plan)
+        else:
+            self._release_pages(run)
+        tree.unlock(run.anchor)
+        st = self.stats
+        st.requests += 1
+        st.input_tokens += len(req.inp)
+        st.output_tokens += len(req.out)
+        st.hit_tokens += run.hit
+        st.flops_saved += self.spec.flops(run.hit)
+        st.flops_total += self.spec.flops(len(req.inp))
+        st.states_planned += len(plan.positions)
+        if self.tuner is not None:
+            self.tuner.after_request(self.cache, req.inp, req.out)
+
+    def _insert(self, run: _Running, plan: CheckpointPlan) -> None:
+        """Hand the request's pages for [hit, cache_len) and its checkpoints to the tree."""
+        tree, positions = self.cache.tree, plan.positions
+        extra = max(0, len(positions) - len(run.states)) if tree.state_type else 0
+        try:
+            states = run.states + self.cache.allocate_states(extra, owner=run.index)
+        except OutOfMemory:
+            self._release_pages(run)
+            self.stats.uncached_requests += 1
+            return
+        keep = plan.cache_len - run.hit
+        assert run.kv is not None
+        kv: list[Pages] = []
+        for ptype, pages in zip(tree.kv_types, run.kv, strict=True):
+            head, tail = pages.split(keep)
+            if len(tail):
+                self.memory.free(ptype, tail)
+            kv.append(head)
+        if tree.state_type is not None:
+            for state in states[len(positions) :]:
+                self.memory.free(tree.state_type, state)
+        key = run.req.inp.concat(run.req.out).slice(0, plan.cache_len)
+        mapping = dict(zip(positions, states, strict=False))
+        tree.insert(key, run.hit, kv, mapping, self.cache.tick())
+        run.kv, run.states = None, []
+
+    def _record(self, decode_batch: int, prefill_tokens: int) -> None:
+        used = evictable = 0
+        for ptype in self.memory.page_types:
+            u = self.memory.usage(ptype)
+            used += u.used * u.page_bytes
+            evictable += u.evictable * u.page_bytes
+        wasted = self.memory.wasted_bytes()
+        free = self.memory.capacity_bytes - used - evictable - wasted
+        self.stats.steps += 1
+        self.stats.timeline.append(
+            (self.now, decode_batch, prefill_tokens, used, evictable, wasted, free)
+        )
+
+
+def replay_engine(
+    requests: Sequence[PackedRequest],
+    cache: PrefixCache,
+    tuner: AlphaTuner | None,
+    cost: CostModel | None = None,
+    config: EngineConfig | None = None,
+    check: bool = False,
+) -> EngineStats:
+    """Engine replay of `requests` (in ts order) through `cache`."""
+    return EngineSim(requests, cache, tuner, cost, config, check).run()

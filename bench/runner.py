@@ -1,0 +1,176 @@
+"""One run = trace x model x cache size x policy x mode -> one flat, JSON-able record.
+
+This is the single place that turns names into objects (model preset, memory, policy bundle,
+cost model), so the CLI, the sweep and the demo all agree on what a name means. Cache sizes are
+decimal: 1 GB = 10**9 bytes (as Marconi's reference).
+
+Packed traces are kept in a module-level table (`load_packed`): the sweep loads every trace
+once in the parent and forks its workers, which then share the packed tokens copy-on-write.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jenga_sglang.bench.cost_model import CostModel
+from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
+from jenga_sglang.bench.replay import PackedRequest, ReplayStats, pack, replay_sequential
+from jenga_sglang.bench.trace import load_trace
+from jenga_sglang.models.presets import get_spec, preset_names
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.bundles import BUNDLES, build_cache, byte_budget
+from jenga_sglang.radix.memory import CacheMemory
+
+GB = 10**9
+MODES = ("sequential", "engine")
+MEMORIES = ("bytes", "jenga")
+TIMELINE_POINTS = 400
+CDF_POINTS = 101
+
+_TRACES: dict[str, list[PackedRequest]] = {}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one run; `trace` is a path to a trace file."""
+
+    trace: str
+    model: str
+    cache_gb: float
+    policy: str
+    mode: str = "sequential"
+    memory: str = "bytes"
+    check: bool = False
+    cost: tuple[tuple[str, str], ...] = ()  # cost model overrides (engine mode)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(round(self.cache_gb * GB))
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ValueError naming the bad field (before any trace is loaded)."""
+    if config.policy not in BUNDLES:
+        raise ValueError(f"unknown policy {config.policy!r}; known: {', '.join(BUNDLES)}")
+    if config.model not in preset_names():
+        raise ValueError(f"unknown model {config.model!r}; known: {', '.join(preset_names())}")
+    if config.mode not in MODES:
+        raise ValueError(f"unknown mode {config.mode!r}; known: {', '.join(MODES)}")
+    if config.memory not in MEMORIES:
+        raise ValueError(f"unknown memory {config.memory!r}; known: {', '.join(MEMORIES)}")
+    if not (math.isfinite(config.cache_gb) and config.cache_gb > 0):
+        raise ValueError(f"cache size must be a positive number of GB, got {config.cache_gb}")
+    CostModel.with_overrides(dict(config.cost))
+
+
+def load_packed(path: str) -> list[PackedRequest]:
+    """The packed requests of a trace file, loaded and validated once per process."""
+    key = str(Path(path).resolve())
+    if key not in _TRACES:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"trace file not found: {path}")
+        _TRACES[key] = pack(load_trace(path))
+    return _TRACES[key]
+
+
+def build_memory(kind: str, spec: ModelSpec, cache_bytes: int) -> CacheMemory:
+    if kind == "bytes":
+        return byte_budget(spec, cache_bytes)
+    if kind == "jenga":
+        from jenga_sglang.pool import JengaPool, geometry_for_spec
+
+        return JengaPool(geometry_for_spec(spec), cache_bytes)
+    raise ValueError(f"unknown memory {kind!r}; known: {', '.join(MEMORIES)}")
+
+
+def run(config: RunConfig) -> dict[str, Any]:
+    """Replay one configuration and return its record (config fields + replay fields)."""
+    validate(config)
+    requests = load_packed(config.trace)
+    spec = get_spec(config.model)
+    memory = build_memory(config.memory, spec, config.cache_bytes)
+    cache, tuner = build_cache(config.policy, spec, memory)
+    stats: ReplayStats
+    if config.mode == "sequential":
+        stats = replay_sequential(requests, cache, tuner, check=config.check)
+    else:
+        cost = CostModel.with_overrides(dict(config.cost))
+        stats = replay_engine(requests, cache, tuner, cost, config.engine, check=config.check)
+    record: dict[str, Any] = {
+        "trace": config.trace,
+        "model": config.model,
+        "mode": config.mode,
+        "memory": config.memory,
+        "policy": config.policy,
+        "cache_gb": config.cache_gb,
+        "cache_bytes": config.cache_bytes,
+        **_replay_fields(stats),
+        "peak_bytes": int(getattr(memory, "peak_bytes", _peak_from(stats, memory))),
+        "capacity_violations": int(getattr(memory, "capacity_violations", 0)),
+        "alpha": float(cache.eviction.alpha),
+        "tunings": tuner.log.tunings if tuner is not None else 0,
+        "evicted_nodes": cache.tree.evicted_nodes,
+        "evicted_states": cache.tree.evicted_states,
+    }
+    if isinstance(stats, EngineStats):
+        record.update(engine_fields(stats))
+    return record
+
+
+def _replay_fields(stats: ReplayStats) -> dict[str, Any]:
+    return {
+        "requests": stats.requests,
+        "input_tokens": stats.input_tokens,
+        "output_tokens": stats.output_tokens,
+        "hit_tokens": stats.hit_tokens,
+        "token_hit_rate": stats.token_hit_rate,
+        "flops_saved": stats.flops_saved,
+        "flops_saved_ratio": stats.flops_saved_ratio,
+        "states_planned": stats.states_planned,
+        "uncached_requests": stats.uncached_requests,
+        "wall_s": stats.wall_s,
+        "tuning_s": stats.tuning_s,
+    }
+
+
+def _peak_from(stats: ReplayStats, memory: CacheMemory) -> int:
+    """Peak held bytes for memories that do not track it (sampled per engine step)."""
+    if isinstance(stats, EngineStats) and stats.timeline:
+        return max(row[3] + row[4] for row in stats.timeline)
+    return memory.held_bytes()
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of an ascending list; 0.0 when empty."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def engine_fields(stats: EngineStats) -> dict[str, Any]:
+    """Latency, throughput, batch and memory figures of an engine replay."""
+    ttfts = sorted(stats.ttfts)
+    batches = [row[1] for row in stats.timeline]
+    step = max(1, math.ceil(len(stats.timeline) / TIMELINE_POINTS))
+    rows = stats.timeline[::step]
+    names = ("t", "decode_batch", "prefill_tokens", "used", "evictable", "wasted", "free")
+    return {
+        "ttft_mean_s": sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "ttft_cdf_s": [percentile(ttfts, q) for q in range(CDF_POINTS)],
+        "makespan_s": stats.makespan_s,
+        "throughput_tok_s": stats.output_tokens / stats.makespan_s if stats.makespan_s else 0.0,
+        "steps": stats.steps,
+        "retractions": stats.retractions,
+        "rejected": stats.rejected,
+        "decode_batch_mean": sum(batches) / len(batches) if batches else 0.0,
+        "decode_batch_max": max(batches, default=0),
+        "timeline": {name: [row[i] for row in rows] for i, name in enumerate(names)},
+    }
