@@ -7,9 +7,11 @@ Requests arrive at their trace `ts`. Each engine step:
    plus its own fits in the memory that is free or evictable. A request's reserve is its
    remaining prefill tokens plus min(output, `decode_reserve_tokens`) minus what it decoded
    (KV bytes per token), plus one SSM state. The matched prefix is locked while it runs;
-2. decodes one token for every request whose prefill is done (its KV page is allocated when
-   the token is produced), then spends up to `chunk_tokens` on prefill chunks in admission
-   order (chunked prefill; the step that completes a prefill also produces the first token);
+2. decodes one token for every request whose prefill is done: it feeds back the token at
+   position p = input + decoded - 1 (FLOPs F(p + 1) - F(p), reads the KV of p + 1 tokens and
+   the SSM state) and allocates the KV page of the token it produces. Then it spends up to
+   `chunk_tokens` on prefill chunks in admission order (chunked prefill; the step that
+   completes a prefill also produces the first token);
 3. advances the clock by `CostModel.step_seconds` of the step's FLOPs and bytes read;
 4. finishes requests that produced all their output: their input + output is inserted into
    the tree (admission plan and checkpoints as in sequential replay), the lock released, and
@@ -186,9 +188,9 @@ class EngineSim:
         decoding = [r for r in self.running if not r.prefilling and not r.finished]
         for run in decoding:
             if run in self.running and self._grow(run, 1):
-                ctx = len(run.req.inp) + run.decoded
-                flops += self.spec.prefill_flops(ctx, ctx + 1)
-                read += decode_bytes(self.spec, ctx)
+                pos = len(run.req.inp) + run.decoded - 1  # the token fed back in
+                flops += self.spec.prefill_flops(pos, pos + 1)
+                read += decode_bytes(self.spec, pos + 1)
                 run.decoded += 1
                 if run.decoded == 1:  # a full-input hit: the first token comes from decode
                     first.append(run)

@@ -1,0 +1,210 @@
+"""`jenga-bench`: replay, sweep, report, traces, demo.
+
+    jenga-bench replay --trace PATH --model marconi-7b --cache-gb 2 --policy jenga --json
+    jenga-bench sweep --trace A --trace B --cache-gb 1,2,5 --policies jenga,marconi --json
+    jenga-bench report sweep.jsonl --out out/report
+    jenga-bench traces build sharegpt --rate 1
+    jenga-bench demo
+
+Bad input (missing or malformed trace, unknown policy / model / mode) prints one line on
+stderr and exits with status 2. Subcommands import what they need when they run: the
+pure-Python policies never load torch or sglang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """User input the CLI rejects with one line and exit status 2."""
+
+
+def _checked(what: Any, *args: Any) -> Any:
+    """Call `what`, turning ValueError / OSError (bad names, files, traces) into BadInput."""
+    try:
+        return what(*args)
+    except (ValueError, OSError) as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _cost(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="marconi-7b", help="model preset (default marconi-7b)")
+    p.add_argument("--mode", default="sequential", choices=("sequential", "engine"))
+    p.add_argument(
+        "--memory",
+        default="bytes",
+        choices=("bytes", "jenga"),
+        help="byte budget (Marconi's accounting) or the Jenga two-level pool",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check cache integrity after every request / engine step (slow)",
+    )
+    p.add_argument(
+        "--cost",
+        type=_cost,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a cost model constant (engine mode), e.g. mfu=0.4",
+    )
+    p.add_argument("--chunk-tokens", type=int, default=8192, help="prefill tokens per step")
+    p.add_argument("--max-running", type=int, default=256, help="requests per batch at most")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jenga-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rp = sub.add_parser("replay", help="replay one trace through one cache")
+    rp.add_argument("--trace", required=True)
+    rp.add_argument("--cache-gb", type=float, required=True)
+    rp.add_argument("--policy", required=True)
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_run_flags(rp)
+    rp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("sweep", help="every trace x cache size x policy, in parallel")
+    sp.add_argument("--trace", action="append", required=True)
+    sp.add_argument("--cache-gb", type=_floats, required=True, help="e.g. 1,2,3,4,5,10")
+    sp.add_argument(
+        "--policies", type=_names, default=["jenga", "marconi", "sglang-lru", "vllm-blocks"]
+    )
+    fmt = sp.add_mutually_exclusive_group()
+    fmt.add_argument("--json", dest="fmt", action="store_const", const="json", default="json")
+    fmt.add_argument("--csv", dest="fmt", action="store_const", const="csv")
+    sp.add_argument("--out", help="write records here instead of stdout")
+    sp.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    sp.add_argument("--no-progress", action="store_true")
+    _add_run_flags(sp)
+    sp.set_defaults(func=cmd_sweep)
+
+    rep = sub.add_parser("report", help="markdown table and PNG plots from sweep records")
+    rep.add_argument("records", nargs="+", help="JSON-lines files written by sweep --json")
+    rep.add_argument("--out", default="out/report", help="directory for report.md and PNGs")
+    rep.set_defaults(func=cmd_report)
+
+    demo = sub.add_parser("demo", help="build traces, sweep a small grid, report (make demo)")
+    demo.add_argument("--out", default="out/demo")
+    demo.set_defaults(func=cmd_demo)
+
+    from jenga_sglang.bench.traces_cli import add_traces_parser
+
+    add_traces_parser(sub)
+    return parser
+
+
+def _common(args: argparse.Namespace) -> dict[str, Any]:
+    from jenga_sglang.bench.engine import EngineConfig
+
+    return {
+        "mode": args.mode,
+        "memory": args.memory,
+        "check": args.check,
+        "cost": tuple(args.cost),
+        "engine": EngineConfig(chunk_tokens=args.chunk_tokens, max_running=args.max_running),
+    }
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from jenga_sglang.bench.runner import RunConfig, load_packed, run, validate
+
+    config = _checked(
+        lambda: RunConfig(args.trace, args.model, args.cache_gb, args.policy, **_common(args))
+    )
+    _checked(validate, config)
+    _checked(load_packed, config.trace)
+    record = run(config)
+    if args.json:
+        print(json.dumps(record, separators=(",", ":")))
+    else:
+        skip = ("timeline", "ttft_cdf_s")
+        for key, value in record.items():
+            if key not in skip:
+                print(f"{key:>20}: {value}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from jenga_sglang.bench.runner import load_packed
+    from jenga_sglang.bench.sweep import grid, sweep, write_records
+
+    configs = _checked(
+        lambda: grid(args.trace, args.model, args.cache_gb, args.policies, **_common(args))
+    )
+    for path in dict.fromkeys(args.trace):
+        _checked(load_packed, path)
+    records = sweep(configs, jobs=args.jobs, progress=not args.no_progress)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            kept = write_records(records, f, args.fmt)
+    else:
+        kept = write_records(records, sys.stdout, args.fmt)
+    failed = [r for r in kept if "error" in r]
+    for r in failed:
+        print(
+            f"jenga-bench: run failed: {r['policy']} {r['cache_gb']} GB {r['trace']}: {r['error']}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from jenga_sglang.bench.report import read_records, write_report
+
+    table, pngs = write_report(_checked(read_records, args.records), args.out)
+    print(table)
+    for path in pngs:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from jenga_sglang.bench.demo import run_demo
+
+    return run_demo(args.out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except BadInput as exc:  # one line, no traceback; bugs still raise with theirs
+        print(f"jenga-bench: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
