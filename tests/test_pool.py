@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,3 +334,24 @@ def test_random_operations_keep_invariants(ops: list[int], request_aware: bool) 
             assert usage.free + usage.used + usage.evictable == usage.total
         held = {p for t, ids in live + tree.entries for p in ((t, i) for i in ids)}
         assert len(held) == sum(len(ids) for _, ids in live + tree.entries)  # no id twice
+
+
+# ---- the fragmentation benchmark, on a small workload ------------------------------------------
+
+
+def test_fragmentation_benchmark_request_aware_beats_naive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from jenga_sglang.bench.fragmentation import main
+
+    assert main(["--requests", "6", "--min-tokens", "3000", "--max-tokens", "9000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {(r["scenario"], r["allocator"], r["moment"]): r for r in report["results"]}
+    for scenario in ("tight", "roomy"):
+        aware = rows[(scenario, "request-aware", "half finished")]
+        naive = rows[(scenario, "naive", "half finished")]
+        assert aware["fragmentation_bytes"] < naive["fragmentation_bytes"]
+        assert aware["free_large_pages"] > naive["free_large_pages"]
+    large = report["large_page_bytes"]
+    tight_peak = rows[("tight", "request-aware", "peak")]
+    assert tight_peak["fragmentation_bytes"] < large  # only the slack below one large page
