@@ -19,9 +19,11 @@ Requests arrive at their trace `ts`. Each engine step:
 
 When an allocation fails even after evicting everything evictable, the most recently admitted
 request is retracted: its pages are freed, its lock released, and it goes back to the head of
-the queue to start over (its first TTFT stands). A request that cannot fit alone is rejected.
+the queue to start over (its first TTFT stands); from then on it reserves its whole output,
+so it is not re-admitted only to be pushed out again. A request that cannot fit alone is
+rejected.
 
-TTFT = end of the step that produced the first token - arrival. Memory is sampled each step as
+TTFT = end of the step that produced the first token - arrival. Memory is sampled after each step as
 used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free.
 """
 
@@ -111,6 +113,7 @@ class EngineSim:
         self.waiting: deque[int] = deque()
         self.running: list[_Running] = []
         self.first_token: dict[int, float] = {}
+        self.retracted: set[int] = set()
         self.stats = EngineStats()
         self.now = 0.0
 
@@ -141,7 +144,10 @@ class EngineSim:
     def _reserve(self, run: _Running) -> int:
         req = run.req
         tokens = len(req.inp) - run.done
-        tokens += max(0, min(len(req.out), self.config.decode_reserve_tokens) - run.decoded)
+        # A retracted request reserves its whole output: otherwise it is re-admitted at once
+        # and retracted again while the requests that pushed it out keep growing.
+        cap = len(req.out) if run.index in self.retracted else self.config.decode_reserve_tokens
+        tokens += max(0, min(len(req.out), cap) - run.decoded)
         return tokens * self.kv_bytes + (0 if run.states else self.state_bytes)
 
     def _available(self) -> int:
@@ -154,7 +160,7 @@ class EngineSim:
 
     def _fits_alone(self, req: PackedRequest) -> bool:
         total = len(req.inp) + len(req.out)
-        return total * self.kv_bytes + 2 * self.state_bytes <= self.memory.capacity_bytes
+        return total * self.kv_bytes + self.state_bytes <= self.memory.capacity_bytes
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_running:
@@ -200,10 +206,10 @@ class EngineSim:
         for run in first + prefilled:
             if run in self.running:
                 self.first_token.setdefault(run.index, self.now)
-        self._record(len(decoding), sum(n for _, n in prefill_tokens))
         for run in [r for r in self.running if r.finished]:
             self.first_token.setdefault(run.index, self.now)  # requests without output
             self._finish(run)
+        self._record(len(decoding), sum(n for _, n in prefill_tokens))
         if self.check:
             self.cache.check_integrity()
 
@@ -270,6 +276,7 @@ class EngineSim:
         self.cache.tree.unlock(run.anchor)
         self.running.remove(run)
         self.waiting.appendleft(run.index)
+        self.retracted.add(run.index)
         self.stats.retractions += 1
 
     # ------------------------------------------------------------------ completion
