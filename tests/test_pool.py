@@ -355,3 +355,18 @@ def test_fragmentation_benchmark_request_aware_beats_naive(
     large = report["large_page_bytes"]
     tight_peak = rows[("tight", "request-aware", "peak")]
     assert tight_peak["fragmentation_bytes"] < large  # only the slack below one large page
+
+
+def test_padding_is_counted_as_waste_not_as_held() -> None:
+    small, big = PageType(PageKind.KV, 0), PageType(PageKind.STATE, 1)
+    geo = compute_geometry({small: 2000, big: 209_458}, alignment=16, max_ratio=8)
+    assert geo.granule > 1  # the exact LCM is too large: sizes were padded
+    pool = JengaPool(geo, 3 * geo.large_page_bytes + 100)
+    pool.alloc(small, 5, owner=1)
+    pool.alloc(big, 1, owner=2)
+    s, b = geo.of(small), geo.of(big)
+    assert pool.held_bytes() == 5 * 2000 + 209_458
+    assert pool.padding_bytes() == 5 * s.padding_bytes + b.padding_bytes
+    assert pool.fragmentation_bytes() == (s.per_large - 5) * s.page_bytes
+    assert pool.wasted_bytes() == pool.padding_bytes() + pool.fragmentation_bytes() + 100
+    pool.check_integrity()
