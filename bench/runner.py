@@ -49,7 +49,7 @@ class RunConfig:
 
     @property
     def cache_bytes(self) -> int:
-        return int(round(self.cache_gb * GB))
+        return round(self.cache_gb * GB)
 
 
 def validate(config: RunConfig) -> None:
