@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from jenga_sglang.kernels.checks import check_range, require
+from jenga_sglang.kernels.checks import require
 
 if TYPE_CHECKING:
     import torch
@@ -115,9 +115,13 @@ def _check_jobs(views: Sequence[SlotView], jobs: Sequence[tuple[int, int, int]])
     writes: list[tuple[int, int, int]] = []
     reads: list[tuple[int, int, int]] = []
     for j, (v, s, d) in enumerate(jobs):
-        check_range(f"jobs[{j}].view", [v], 0, len(views))
-        check_range(f"jobs[{j}].src ({views[v].name})", [s], 0, views[v].num_slots)
-        check_range(f"jobs[{j}].dst ({views[v].name})", [d], 0, views[v].num_slots)
+        require(0 <= v < len(views), f"jobs[{j}]: view {v} is out of range [0, {len(views)})")
+        for role, slot in (("src", s), ("dst", d)):
+            n = views[v].num_slots
+            require(
+                0 <= slot < n,
+                f"jobs[{j}]: {role} slot {slot} of view {views[v].name!r} is out of range [0, {n})",
+            )
         if s != d:
             writes.append((*views[v].span(d), j))
             reads.append((*views[v].span(s), j))
@@ -171,14 +175,15 @@ def copy_slots(
     meta = torch.tensor(
         [[v.base // word, v.stride // word, v.nbytes // word] for v in views], dtype=torch.int64
     ).to(buffer.device)
-    cols = torch.tensor(live, dtype=torch.int64).to(buffer.device)
+    # Column tensors must be contiguous: the kernel indexes them as flat arrays.
+    cols = torch.tensor(live, dtype=torch.int64).T.contiguous().to(buffer.device)
     max_words = max(views[v].nbytes // word for v, _, _ in live)
     grid = (len(live), triton.cdiv(max_words, _BLOCK))
     _copy_slots_kernel[grid](
         words,
-        cols[:, 0],
-        cols[:, 1],
-        cols[:, 2],
+        cols[0],
+        cols[1],
+        cols[2],
         meta[:, 0].contiguous(),
         meta[:, 1].contiguous(),
         meta[:, 2].contiguous(),
