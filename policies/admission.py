@@ -26,7 +26,7 @@ class SpeculativeAdmission(AdmissionPolicy):
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         prefill: tuple[int, ...] = ()
-        wants_branch = 0 < branch.length and not branch.checkpointed
+        wants_branch = branch.length > 0 and not branch.checkpointed
         if wants_branch and hit_len < branch.length <= input_len and self.max_states >= 2:
             prefill = (branch.length,)
         return CheckpointPlan(prefill_at=prefill, finish_at=(total_len,), cache_len=total_len)

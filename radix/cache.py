@@ -103,8 +103,9 @@ class PrefixCache:
         self.tree.touch(result, now)
         seq = input_tokens.concat(output_tokens)
         plan = self.plan(input_tokens, result, len(seq))
+        positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
-        base = ServeResult(len(input_tokens), hit, self.spec.flops(hit), len(plan.positions), False)
+        base = ServeResult(len(input_tokens), hit, self.spec.flops(hit), len(positions), False)
         if plan.cache_len == 0:
             return base
         key = seq.slice(0, plan.cache_len)
@@ -114,7 +115,7 @@ class PrefixCache:
         try:
             kv = self.allocate_kv(len(key) - walk.length, owner)
             try:
-                states = self.allocate_states(len(plan.positions), owner)
+                states = self.allocate_states(len(positions), owner)
             except OutOfMemory:
                 for ptype, pages in zip(self.tree.kv_types, kv, strict=True):
                     self.memory.free(ptype, pages)
@@ -122,7 +123,7 @@ class PrefixCache:
         except OutOfMemory:
             self.tree.unlock(anchor)
             return base
-        self.tree.insert(key, walk.length, kv, dict(zip(plan.positions, states, strict=True)), now)
+        self.tree.insert(key, walk.length, kv, dict(zip(positions, states, strict=True)), now)
         self.tree.unlock(anchor)
         return ServeResult(base.input_tokens, hit, base.flops_saved, base.states_planned, True)
 

@@ -284,8 +284,9 @@ class ByteBudget(CacheMemory):
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
         self._move(ptype, len(pages), self._evictable, self._used)
 
-    def _move(self, ptype: PageType, n: int, src: dict[PageType, int],
-              dst: dict[PageType, int] | None) -> None:
+    def _move(
+        self, ptype: PageType, n: int, src: dict[PageType, int], dst: dict[PageType, int] | None
+    ) -> None:
         if src[ptype] < n:
             raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
         src[ptype] -= n
@@ -297,8 +298,17 @@ class ByteBudget(CacheMemory):
         total = self._capacity // size
         used, evictable = self._used[ptype], self._evictable[ptype]
         free_pages = (self._capacity - self._held) // size
-        return Usage(total=used + evictable + free_pages, free=free_pages, evictable=evictable,
-                     used=used, page_bytes=size) if total else Usage(0, 0, 0, 0, size)
+        return (
+            Usage(
+                total=used + evictable + free_pages,
+                free=free_pages,
+                evictable=evictable,
+                used=used,
+                page_bytes=size,
+            )
+            if total
+            else Usage(0, 0, 0, 0, size)
+        )
 
     def check_integrity(self) -> None:
         held = sum((self._used[t] + self._evictable[t]) * s for t, s in self._sizes.items())

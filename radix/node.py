@@ -49,14 +49,14 @@ class Node:
         self.id = node_id
         self.key = key
         self.parent = parent
-        self.children: dict[int, Node] = {}
+        self.children: dict[bytes, Node] = {}
         self.kv = kv
         self.tombstones = tombstones
         self.state: Pages | None = None
         self.lock_ref = 0
         self.last_access = now
         self.hit_count = 0
-        self.end = (parent.end if parent is not None else 0) + len(key)
+        self.end: int = (parent.end if parent is not None else 0) + len(key)
 
     @property
     def start(self) -> int:

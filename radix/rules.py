@@ -45,7 +45,9 @@ class SlidingWindowRule(GroupRule):
         self.slot = slot
 
     def longest_valid(self, path: Sequence[Node], limit: int) -> int:
-        runs = [(n.start, n.start + n.tombstones[self.slot]) for n in path if n.tombstones[self.slot]]
+        runs = [
+            (n.start, n.start + n.tombstones[self.slot]) for n in path if n.tombstones[self.slot]
+        ]
         p = limit
         for run_start, run_end in reversed(runs):
             if run_start >= p:

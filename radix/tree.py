@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.radix.match import MatchResult, Walk
-from jenga_sglang.radix.memory import CacheMemory, IdPages, Pages, PageKind, PageType
+from jenga_sglang.radix.memory import CacheMemory, IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.rules import (
     FullAttentionRule,
@@ -40,15 +40,19 @@ class RadixTree:
         self.memory = memory
         self.policy = policy
         self.attention: tuple[AttentionGroup, ...] = spec.attention_groups
-        self.kv_types = tuple(
-            PageType(PageKind.KV, spec.groups.index(g)) for g in self.attention
-        )
+        self.kv_types = tuple(PageType(PageKind.KV, spec.groups.index(g)) for g in self.attention)
         mamba = spec.mamba_groups
         self.state_type = PageType(PageKind.STATE, spec.groups.index(mamba[0])) if mamba else None
         self.rules: tuple[GroupRule, ...] = self._build_rules()
         self._next_id = 1
-        self.root = Node(0, TokenSeq(b""), None, [IdPages([]) for _ in self.attention],
-                         [0] * len(self.attention), now=0)
+        self.root = Node(
+            0,
+            TokenSeq(b""),
+            None,
+            [IdPages([]) for _ in self.attention],
+            [0] * len(self.attention),
+            now=0,
+        )
         self.root.lock_ref = 1  # the root is never evicted
         memory.set_evictor(self)
         self.evicted_nodes = 0
@@ -168,8 +172,9 @@ class RadixTree:
             self._attach_state(self._descend_splitting(key, pos), states[pos])
         return node
 
-    def _validate_insert(self, key: TokenSeq, start: int, kv: Sequence[Pages],
-                         states: Mapping[int, Pages]) -> None:
+    def _validate_insert(
+        self, key: TokenSeq, start: int, kv: Sequence[Pages], states: Mapping[int, Pages]
+    ) -> None:
         if not isinstance(key, TokenSeq):
             raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
         if len(key) == 0:
@@ -177,8 +182,9 @@ class RadixTree:
         if not 0 <= start <= len(key):
             raise ValueError(f"start {start} outside [0, {len(key)}]")
         if len(kv) != len(self.attention):
-            raise ValueError(f"expected pages for {len(self.attention)} attention groups, "
-                             f"got {len(kv)}")
+            raise ValueError(
+                f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
+            )
         span = len(key) - start
         for group, pages in zip(self.attention, kv, strict=True):
             ok = len(pages) == span if group.window is None else len(pages) <= span
@@ -202,8 +208,9 @@ class RadixTree:
             node, pos = child, pos + len(child.key)
         return node
 
-    def _free_duplicates(self, key: TokenSeq, start: int, present: int,
-                         kv: Sequence[Pages]) -> list[Pages]:
+    def _free_duplicates(
+        self, key: TokenSeq, start: int, present: int, kv: Sequence[Pages]
+    ) -> list[Pages]:
         """Free the caller's pages for [start, present) and return those for [present, end)."""
         span = len(key) - start
         dup = present - start
@@ -252,8 +259,14 @@ class RadixTree:
             upper_kv.append(head)
             node.kv[slot] = tail
             node.tombstones[slot] = max(0, tomb - at)
-        upper = Node(self._new_id(), node.key.slice(0, at), node.parent, upper_kv, upper_tomb,
-                     node.last_access)
+        upper = Node(
+            self._new_id(),
+            node.key.slice(0, at),
+            node.parent,
+            upper_kv,
+            upper_tomb,
+            node.last_access,
+        )
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
         node.parent.children[upper.key.head(0)] = upper
@@ -304,8 +317,10 @@ class RadixTree:
     def drop_state(self, node: Node) -> None:
         """Evict a one-child node's checkpoint; its child absorbs its edge and KV (Marconi)."""
         if node.lock_ref or len(node.children) != 1 or node.state is None:
-            raise ValueError(f"cannot drop the state of {node!r}: needs an unlocked node with "
-                             "one child and a checkpoint")
+            raise ValueError(
+                f"cannot drop the state of {node!r}: needs an unlocked node with "
+                "one child and a checkpoint"
+            )
         assert self.state_type is not None and node.parent is not None
         self.memory.free_evictable(self.state_type, node.state)
         node.state = None

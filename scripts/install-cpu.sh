@@ -24,6 +24,8 @@ pip install -q orjson IPython pydantic aiohttp transformers==5.19.0 tokenizers==
   apache-tvm-ffi==0.1.11 sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf openai==2.8.0 \
   partial-json-parser msgspec pybase64 pillow starlette pyzmq
 pip install -q einops ninja "kernels>=0.14.1,<0.15"
+# Only the tokenizer data file of mistral-common is used; its own dependency tree is not needed.
+pip install -q --no-deps mistral-common==1.13.1
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE \
 CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
   pip install -q --no-build-isolation --no-deps mamba-ssm==2.3.2.post1 causal-conv1d==1.7.0

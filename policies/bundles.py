@@ -1,0 +1,89 @@
+"""Named policy bundles: admission + eviction + alpha tuning, as used by `--policy NAME`.
+
+vllm-blocks   every-block admission (a state every 32 tokens) + LRU
+sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
+marconi       speculative admission + FLOP-aware eviction + faithful one-shot tuning
+jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
+from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
+from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
+from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.memory import ByteBudget, CacheMemory, PageKind, PageType
+
+
+@dataclass(frozen=True)
+class Bundle:
+    name: str
+    description: str
+    admission: Callable[[], AdmissionPolicy]
+    eviction: Callable[[], EvictionPolicy]
+    tuner: Callable[[], AlphaTuner | None]
+
+
+BUNDLES: dict[str, Bundle] = {
+    b.name: b
+    for b in (
+        Bundle(
+            "vllm-blocks",
+            "every-block admission (B=32) + LRU",
+            EveryBlockAdmission,
+            LruEviction,
+            lambda: None,
+        ),
+        Bundle(
+            "sglang-lru",
+            "speculative admission + LRU (SGLang+)",
+            SpeculativeAdmission,
+            LruEviction,
+            lambda: None,
+        ),
+        Bundle(
+            "marconi",
+            "speculative admission + FLOP-aware eviction + one-shot tuning",
+            SpeculativeAdmission,
+            FlopAwareEviction,
+            MarconiTuner,
+        ),
+        Bundle(
+            "jenga",
+            "speculative admission + FLOP-aware eviction + sliding re-tuning",
+            SpeculativeAdmission,
+            FlopAwareEviction,
+            SlidingTuner,
+        ),
+    )
+}
+
+
+def bundle(name: str) -> Bundle:
+    try:
+        return BUNDLES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(BUNDLES)}") from None
+
+
+def byte_budget(spec: ModelSpec, cache_bytes: int) -> ByteBudget:
+    """Marconi's accounting: one page per token of KV per attention group, one per SSM state."""
+    sizes = {
+        PageType(PageKind.KV, spec.groups.index(g)): g.kv_bytes_per_token
+        for g in spec.attention_groups
+    }
+    for g in spec.mamba_groups:
+        sizes[PageType(PageKind.STATE, spec.groups.index(g))] = g.state_bytes
+    return ByteBudget(cache_bytes, sizes)
+
+
+def build_cache(
+    name: str, spec: ModelSpec, memory: CacheMemory
+) -> tuple[PrefixCache, AlphaTuner | None]:
+    b = bundle(name)
+    return PrefixCache(spec, memory, b.eviction(), b.admission()), b.tuner()

@@ -1,0 +1,173 @@
+"""Table-driven tests of the heterogeneous radix tree: match rules, insert/split, locks, errors."""
+
+from __future__ import annotations
+
+import pytest
+from radix_helpers import attention_spec, hybrid_spec, make_cache, memory, seq, toks
+
+from jenga_sglang.policies.eviction import FlopAwareEviction
+from jenga_sglang.radix.memory import OutOfMemory, PageKind
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+def insert_all(cache, key: TokenSeq, states=()):  # type: ignore[no-untyped-def]
+    """Allocate pages for the part of `key` the tree lacks and insert it with `states`."""
+    walk = cache.tree.walk(key)
+    kv = cache.allocate_kv(len(key) - walk.length, owner=0)
+    st = cache.allocate_states(len(states), owner=0)
+    return cache.tree.insert(key, walk.length, kv, dict(zip(states, st, strict=True)), now=1)
+
+
+@pytest.mark.parametrize(
+    ("inserted", "query", "expected"),
+    [
+        ([], seq(0, 5), 0),
+        ([seq(0, 8)], seq(0, 8), 8),
+        ([seq(0, 8)], seq(0, 5), 5),  # attention-only: any prefix length is a hit
+        ([seq(0, 8)], seq(0, 5).concat(toks(99)), 5),
+        ([seq(0, 8)], toks(7, 1, 2), 0),
+        ([seq(0, 8), seq(0, 4).concat(toks(50, 51))], seq(0, 4).concat(toks(50, 9)), 5),
+    ],
+)
+def test_attention_only_match_lengths(inserted, query, expected):  # type: ignore[no-untyped-def]
+    cache = make_cache(attention_spec())
+    for key in inserted:
+        insert_all(cache, key)
+    assert cache.tree.match(query).length == expected
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("states", "query_len", "expected"),
+    [
+        ((), 10, 0),  # no checkpoint: a Mamba layer cannot resume anywhere
+        ((10,), 10, 10),
+        ((10,), 9, 0),  # the state at 10 is useless for a 9-token prefix
+        ((4, 10), 9, 4),
+        ((4, 10), 12, 10),
+    ],
+)
+def test_mamba_hits_only_at_checkpoints(states, query_len, expected):  # type: ignore[no-untyped-def]
+    cache = make_cache(hybrid_spec())
+    insert_all(cache, seq(0, 10), states)
+    query = seq(0, min(query_len, 10)).concat(seq(100, max(0, query_len - 10)))
+    result = cache.tree.match(query)
+    assert result.length == expected
+    if expected:
+        assert result.state is not None and result.node is not None
+        assert result.node.end == expected
+    cache.check_integrity()
+
+
+def test_split_keeps_checkpoint_with_the_node_whose_end_it_represents():
+    # SGLang issue #22935: splitting [0,10)+state@10 at 4 must leave the state at 10, not at 4.
+    cache = make_cache(hybrid_spec())
+    leaf = insert_all(cache, seq(0, 10), (10,))
+    insert_all(cache, seq(0, 4).concat(toks(77, 78)), (6,))
+    upper = leaf.parent
+    assert upper is not None and upper.end == 4 and upper.state is None
+    assert leaf.end == 10 and leaf.state is not None
+    assert cache.tree.match(seq(0, 10)).length == 10
+    assert cache.tree.match(seq(0, 4).concat(toks(1))).length == 0
+    cache.check_integrity()
+
+
+def test_insert_frees_pages_the_tree_already_holds():
+    cache = make_cache(attention_spec())
+    insert_all(cache, seq(0, 6))
+    held = memory(cache).held_bytes()
+    kv = cache.allocate_kv(6, owner=1)  # a request computed all 6 tokens again
+    cache.tree.insert(seq(0, 6), 0, kv, {}, now=2)
+    assert memory(cache).held_bytes() == held
+    cache.check_integrity()
+
+
+def test_sliding_window_tombstones_limit_valid_prefixes():
+    # window 2: a prefix p is valid when tokens p-2 and p-1 still have pages.
+    cache = make_cache(attention_spec(window=2))
+    full, swa = cache.tree.kv_types
+    key = seq(0, 10)
+    kv_full = cache.memory.alloc(full, 10, 0)
+    kv_swa = cache.memory.alloc(swa, 4, 0)  # the request dropped the first 6 window pages
+    leaf = cache.tree.insert(key, 0, [kv_full, kv_swa], {}, now=1)
+    assert leaf.tombstones == [0, 6]
+    assert cache.tree.match(key).length == 10
+    assert cache.tree.match(seq(0, 8)).length == 8  # needs 6, 7
+    assert cache.tree.match(seq(0, 7)).length == 0  # needs 5 (dropped): nothing valid above 0
+    cache.check_integrity()
+
+
+def test_lock_protects_path_and_unlock_of_unlocked_node_fails():
+    cache = make_cache(attention_spec(), budget=16 * 12)  # room for 12 tokens
+    leaf = insert_all(cache, seq(0, 8))
+    cache.tree.lock(leaf)
+    assert memory(cache).usage(cache.tree.kv_types[0]).used == 8
+    with pytest.raises(OutOfMemory):
+        cache.allocate_kv(8, owner=1)  # only 4 free, the 8 cached ones are locked
+    cache.tree.unlock(leaf)
+    with pytest.raises(ValueError, match="not locked"):
+        cache.tree.unlock(leaf)
+    assert leaf.lock_ref == 0
+    cache.allocate_kv(8, owner=1)  # now the leaf can go
+    assert leaf.parent is None
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda c: c.tree.insert(TokenSeq.of([]), 0, c.allocate_kv(0, 0), {}, 1),
+        lambda c: TokenSeq.of([1, 2.5, 3]),
+        lambda c: TokenSeq.of([1, -2]),
+        lambda c: c.tree.insert(seq(0, 3), 0, c.allocate_kv(2, 0), {}, 1),
+        lambda c: c.tree.insert(seq(0, 3), 5, c.allocate_kv(0, 0), {}, 1),
+        lambda c: c.tree.unlock(c.tree.match(seq(0, 4)).node),
+    ],
+    ids=["empty-key", "float-token", "negative-token", "page-count", "start", "unlock"],
+)
+def test_bad_input_raises_and_leaves_everything_as_it_was(bad):  # type: ignore[no-untyped-def]
+    cache = make_cache(attention_spec())
+    insert_all(cache, seq(0, 4))
+    before = _fingerprint(cache)
+    with pytest.raises(ValueError):
+        bad(cache)
+    # The tree took nothing: same nodes, same cached (evictable) pages. Pages the failing call
+    # allocated for itself are still the caller's (used), not leaked into the tree.
+    after = _fingerprint(cache)
+    assert after[0] == before[0]
+    assert [u.evictable for u in after[1]] == [u.evictable for u in before[1]]
+    cache.check_integrity()
+
+
+def test_request_larger_than_the_pool_names_sizes_and_changes_nothing():
+    cache = make_cache(attention_spec(), budget=16 * 10)
+    insert_all(cache, seq(0, 6))
+    before = _fingerprint(cache)
+    with pytest.raises(OutOfMemory, match=r"11 kv\[0\] pages \(176 bytes\).*160 bytes"):
+        cache.allocate_kv(11, owner=1)
+    assert _fingerprint(cache) == before
+    cache.check_integrity()
+
+
+def test_flop_aware_drop_state_merges_kv_into_child():
+    cache = make_cache(hybrid_spec(), eviction=FlopAwareEviction(alpha=0.0))
+    insert_all(cache, seq(0, 10), (10,))
+    insert_all(cache, seq(0, 4).concat(toks(90, 91)), (4, 6))
+    upper = cache.tree.match(seq(0, 4)).node
+    assert upper is not None and upper.state is not None
+    cache.tree.evict_leaf(cache.tree.match(seq(0, 4).concat(toks(90, 91))).node)  # type: ignore[arg-type]
+    assert len(upper.children) == 1
+    child = next(iter(upper.children.values()))
+    cache.tree.drop_state(upper)
+    assert child.start == 0 and child.end == 10 and len(child.kv[0]) == 10
+    assert cache.tree.match(seq(0, 10)).length == 10
+    state_type = cache.tree.state_type
+    assert state_type is not None and state_type.kind is PageKind.STATE
+    assert memory(cache).usage(state_type).evictable == 1
+    cache.check_integrity()
+
+
+def _fingerprint(cache):  # type: ignore[no-untyped-def]
+    nodes = sorted((n.start, n.end, n.lock_ref, n.state is not None) for n in cache.tree.nodes())
+    usage = [memory(cache).usage(t) for t in memory(cache).page_types]
+    return nodes, usage, memory(cache).held_bytes()
