@@ -20,24 +20,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from enum import Enum
-from typing import Protocol
+from enum import IntEnum
+from typing import NamedTuple, Protocol
 
 
-class PageKind(Enum):
-    KV = "kv"
-    STATE = "state"
+class PageKind(IntEnum):
+    KV = 0
+    STATE = 1
 
 
-@dataclass(frozen=True, order=True)
-class PageType:
-    """A small-page type: the KV pages of one attention group, or the SSM state pages."""
+class PageType(NamedTuple):
+    """A small-page type: the KV pages of one attention group, or the SSM state pages.
+
+    A tuple of ints, so hashing and comparison stay in C: page types key the memory's counters
+    on every allocation.
+    """
 
     kind: PageKind
     group: int  # index of the layer group in ModelSpec.groups
 
     def __str__(self) -> str:
-        return f"{self.kind.value}[{self.group}]"
+        return f"{self.kind.name.lower()}[{self.group}]"
 
 
 class OutOfMemory(RuntimeError):
