@@ -1,7 +1,7 @@
 """`make demo`: build two traces, sweep a small grid, print the table, write the plots.
 
-1. a ShareGPT multi-turn trace at 1 session/s and a SWE-agent-structured agent trace (cached
-   under data/traces/, so a second demo skips building);
+1. a ShareGPT multi-turn trace at 1 session/s (120 sessions) and a SWE-agent-structured agent
+   trace (cached under data/traces/, so a second demo skips building);
 2. sequential replay of both: cache 1, 2, 5 GB x jenga, marconi, sglang-lru, vllm-blocks on
    marconi-7b, in parallel over all cores;
 3. engine replay of the agent trace at 2 GB for the four policies (TTFT CDF, memory timeline);
@@ -23,7 +23,9 @@ POLICIES = ("jenga", "marconi", "sglang-lru", "vllm-blocks")
 CACHE_GB = (1.0, 2.0, 5.0)
 ENGINE_GB = (2.0,)
 MODEL = "marconi-7b"
-AGENT = AgentParams(sessions=24, rate=0.5, max_turns=40)
+# Small enough for "a few minutes on 2 cores": the first 120 ShareGPT sessions with 10+ rounds.
+SHAREGPT = ShareGPTParams(rate=1.0, max_sessions=120)
+AGENT = AgentParams(sessions=16, rate=0.5, max_turns=30)
 
 
 def _say(msg: str) -> None:
@@ -39,7 +41,7 @@ def run_demo(out_dir: str | Path = "out/demo") -> int:
     out.mkdir(parents=True, exist_ok=True)
     _say("building traces (cached in data/traces/)")
     traces = [
-        str(cached_trace("sharegpt", ShareGPTParams(rate=1.0))),
+        str(cached_trace("sharegpt", SHAREGPT)),
         str(cached_trace("agent", AGENT)),
     ]
     _say(f"traces: {', '.join(traces)} ({time.perf_counter() - start:.0f} s)")
