@@ -168,8 +168,7 @@ class RadixTree:
         kv = self._free_duplicates(key, start, walk.length, kv)
         if walk.length < len(key):
             node = self._add_leaf(node, key.slice(walk.length), kv, now)
-        for pos in sorted(states):
-            self._attach_state(self._descend_splitting(key, pos), states[pos])
+        self._attach_states(key, states)
         return node
 
     def _validate_insert(
@@ -198,15 +197,28 @@ class RadixTree:
             if len(state) != 1:
                 raise ValueError(f"a checkpoint is one state page, got {len(state)}")
 
-    def _descend_splitting(self, key: TokenSeq, length: int) -> Node:
-        """The node ending exactly at `length` along `key` (which the tree holds), splitting."""
-        node, pos = self.root, 0
+    def _descend_splitting(
+        self, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
+    ) -> Node:
+        """The node ending exactly at `length` along `key` (which the tree holds), splitting.
+
+        Starts from `node`, which ends at `pos` on the same path (the root by default).
+        """
+        node = self.root if node is None else node
         while pos < length:
             child = node.children[key.head(pos)]
             if pos + len(child.key) > length:
                 child = self._split(child, length - pos)
             node, pos = child, pos + len(child.key)
         return node
+
+    def _attach_states(self, key: TokenSeq, states: Mapping[int, Pages]) -> None:
+        """Attach checkpoints in one walk down the path (positions ascending)."""
+        node, pos = self.root, 0
+        for at in sorted(states):
+            node = self._descend_splitting(key, at, node, pos)
+            pos = at
+            self._attach_state(node, states[at])
 
     def _free_duplicates(
         self, key: TokenSeq, start: int, present: int, kv: Sequence[Pages]
