@@ -1,21 +1,24 @@
-"""Internal fragmentation of the Jenga pool on a Jenga-style long-request workload.
+"""Internal fragmentation of the Jenga pool over an engine-like timeline (Jenga §7, Fig. 16).
 
-Workload: `--requests` long requests (lengths uniform in [min, max] tokens, seeded) arrive
-together; each takes one SSM state page, then KV pages are allocated one token at a time,
-round-robin across the requests still prefilling (as a batched prefill/decode interleaves them).
-Measured at two moments: at the peak (every token allocated) and after half of the requests (a
-seeded random half) finished and freed all their pages.
+Workload: `--requests` long requests (prompts uniform in [--min-tokens, --max-tokens], seeded)
+arrive together on the `--spec` model's real page types (geometry_for_spec); each decodes
+`--decode-tokens` tokens. The engine (bench/frag_timeline.py) admits FIFO while memory allows,
+prefills in interleaved `--chunk-tokens` chunks, decodes in lock step, preempts the newest
+request when an allocation fails and frees everything a request held when it finishes.
 
-Internal fragmentation = bytes of empty small pages inside carved large pages (usable only by
-their own type, and for the naive allocator stranded among other requests' pages), divided by the
-pool's total bytes. The request-aware allocator (Jenga §4.3) is compared with a naive one that
-fills any open large page of the type first.
+Pools of 60%, 100% and 150% of the workload's demand (every request's prompt and decode tokens
+plus one state page each), each with the request-aware allocator (Jenga §4.3) and the naive one.
+Per run, sampled every step and reported as time average and maximum, in % of the capacity:
 
-Two capacities: "tight" = the workload's demand rounded up to whole large pages (a memory-bound
-server, as in Jenga's evaluation: the slack is under one large page), and "roomy" = 1.5x the
-demand (free large pages left over, so every request keeps its own partially filled large page).
-`frag LP` expresses fragmentation in large pages: request-aware allocation strands at most one
-partially filled large page per live request and type.
+* unusable: bytes no allocation of a page type in demand could get (padding, the remainder
+  below one large page, empty pages of types nobody will allocate); `@fail` is the maximum over
+  failed allocations of the free bytes that the failing type could not use;
+* reserved-but-empty: empty small pages inside carved large pages plus partially filled last
+  pages (Jenga's definition of waste) plus padding: an upper bound on the first without the
+  remainder (column `alloc%`, the allocator's own share of the unusable bytes).
+
+Also per run: steps, preemptions, average decode batch, failed allocations (`fails`), those that
+failed although the free bytes inside large pages would have covered them (`frag`).
 
     python -m jenga_sglang.bench.fragmentation [--json]
 """
@@ -24,162 +27,162 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
-from dataclasses import asdict, dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
-from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, MlpGroup, ModelSpec
+from jenga_sglang.bench.frag_timeline import Series, Timeline, TimelineStats, Workload
+from jenga_sglang.models.presets import get_spec
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
-from jenga_sglang.radix.memory import IdPages, PageKind, PageType
+from jenga_sglang.radix.memory import PageKind
+
+CAPACITIES = (("60%", 0.6), ("100%", 1.0), ("150%", 1.5))
+ALLOCATORS = (("request-aware", True), ("naive", False))
 
 
-def nemotron_h_like() -> ModelSpec:
-    """NemotronH-8B's cache shapes, by hand (used when the preset is unavailable)."""
-    return ModelSpec(
-        "nemotron-h-8b-like",
-        (
-            AttentionGroup("attention", 4, 8, 128, DType.BF16, 8.4e7, 16384.0),
-            MambaGroup("mamba", 24, (10240, 3), DType.BF16, (128, 64, 128), DType.FP32, 2.3e8),
-            MlpGroup("mlp", 24, 3.5e8),
-        ),
-        hidden_size=4096,
-        source="hand-built NemotronH-8B shapes",
-    )
-
-
-def load_spec(name: str) -> ModelSpec:
-    try:
-        from jenga_sglang.models.presets import get_spec
-
-        return get_spec(name)
-    except (ImportError, KeyError, ValueError):
-        return nemotron_h_like()
+def demand_bytes(geo: PoolGeometry, work: Workload) -> int:
+    """Bytes to hold every request at once at its longest (prompt + decode tokens)."""
+    tpp = geo.tokens_per_page
+    kv = sum(t.page_bytes for t in geo.types if t.ptype.kind is PageKind.KV)
+    state = sum(t.page_bytes for t in geo.types if t.ptype.kind is PageKind.STATE)
+    pages = sum(-(-(n + work.decode_tokens) // tpp) for n in work.prompts)
+    return pages * kv + len(work.prompts) * state
 
 
 @dataclass(frozen=True)
-class Measure:
-    scenario: str
+class Run:
+    capacity: str
     allocator: str
-    moment: str
+    stats: TimelineStats
     capacity_bytes: int
-    held_bytes: int
-    fragmentation_bytes: int
-    fragmentation_percent: float  # of the pool's total bytes
-    carved_percent: float  # fragmentation as a share of bytes in carved large pages
-    free_large_pages: int
+    remainder_bytes: int
+
+    def pct(self, value: float) -> float:
+        return 100.0 * value / self.capacity_bytes
+
+    def series(self, s: Series) -> dict[str, float]:
+        return {
+            "avg_bytes": s.mean,
+            "max_bytes": s.peak,
+            "avg_percent": self.pct(s.mean),
+            "max_percent": self.pct(s.peak),
+        }
+
+    def to_json(self) -> dict[str, object]:
+        s = self.stats
+        failures = {
+            t: {
+                "count": f.count,
+                "fragmentation_caused": f.fragmentation_caused,
+                "unusable": self.series(f.unusable),
+            }
+            for t, f in sorted(s.failures.items())
+        }
+        return {
+            "capacity": self.capacity,
+            "allocator": self.allocator,
+            "capacity_bytes": self.capacity_bytes,
+            "remainder_bytes": self.remainder_bytes,
+            "steps": s.steps,
+            "admissions": s.admissions,
+            "preemptions": s.preemptions,
+            "finished": s.finished,
+            "avg_decode_batch": s.decode_tokens / s.decode_steps if s.decode_steps else 0.0,
+            "held": self.series(s.held),
+            "unusable": self.series(s.unusable),
+            "allocator_unusable": self.series(s.allocator_unusable),
+            "reserved_empty": self.series(s.reserved_empty),
+            "failures": failures,
+        }
 
 
-def _measure(pool: JengaPool, scenario: str, allocator: str, moment: str) -> Measure:
-    frag = pool.fragmentation_bytes()
-    carved = (pool.num_large - pool.free_large_pages) * pool.geometry.large_page_bytes
-    return Measure(
-        scenario=scenario,
-        allocator=allocator,
-        moment=moment,
-        capacity_bytes=pool.capacity_bytes,
-        held_bytes=pool.held_bytes(),
-        fragmentation_bytes=frag,
-        fragmentation_percent=100.0 * frag / pool.capacity_bytes,
-        carved_percent=100.0 * frag / carved if carved else 0.0,
-        free_large_pages=pool.free_large_pages,
-    )
-
-
-def _types(geo: PoolGeometry) -> tuple[PageType, PageType | None]:
-    kv = [t for t in geo.page_types if t.kind is PageKind.KV]
-    state = [t for t in geo.page_types if t.kind is PageKind.STATE]
-    if len(kv) != 1:
-        raise ValueError(f"the benchmark expects one attention group, got {len(kv)}")
-    return kv[0], (state[0] if state else None)
-
-
-def run_scenario(
-    geo: PoolGeometry, lengths: list[int], capacity: int, *, request_aware: bool, seed: int
-) -> list[Measure]:
-    """Allocate the workload into a fresh pool; measure at the peak and after half finished."""
-    kv, state = _types(geo)
-    tpp = geo.tokens_per_page
-    name = "request-aware" if request_aware else "naive"
-    pool = JengaPool(geo, capacity, request_aware=request_aware)
-    held: dict[int, dict[PageType, list[int]]] = {r: {kv: []} for r in range(len(lengths))}
-    if state is not None:
-        for r in held:
-            held[r][state] = pool.alloc(state, 1, r).ids()
-    for step in range(0, max(lengths), tpp):  # a new KV page every tokens_per_page tokens
-        for r, length in enumerate(lengths):
-            if step < length:
-                held[r][kv] += pool.alloc(kv, 1, r).ids()
-    peak = _measure(pool, "", name, "peak")
-    finished = random.Random(seed + 1).sample(range(len(lengths)), len(lengths) // 2)
-    for r in finished:
-        for ptype, ids in held.pop(r).items():
-            pool.free(ptype, IdPages(ids))
-    after = _measure(pool, "", name, "half finished")
-    pool.check_integrity()
-    return [peak, after]
-
-
-def demand_bytes(geo: PoolGeometry, lengths: list[int]) -> int:
-    kv, state = _types(geo)
-    per_state = geo.of(state).page_bytes if state is not None else 0
-    pages = sum(-(-n // geo.tokens_per_page) for n in lengths)
-    return pages * geo.of(kv).page_bytes + len(lengths) * per_state
+def run_case(
+    label: str, allocator: tuple[str, bool], geo: PoolGeometry, work: Workload, capacity: int
+) -> dict[str, object]:
+    """One timeline on a fresh pool of `capacity` bytes, as a JSON-ready dict."""
+    name, aware = allocator
+    pool = JengaPool(geo, capacity, request_aware=aware)
+    stats = Timeline(pool, work).run()
+    return Run(label, name, stats, pool.capacity_bytes, pool.remainder_bytes()).to_json()
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    spec = load_spec(args.spec)
+    spec = get_spec(args.spec)
     geo = geometry_for_spec(spec, tokens_per_page=args.tokens_per_page)
     rng = random.Random(args.seed)
-    lengths = [rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.requests)]
-    large = geo.large_page_bytes
-    demand = demand_bytes(geo, lengths)
-    capacities = {
-        "tight": -(-demand // large) * large,
-        "roomy": int(1.5 * demand),
-    }
-    rows: list[Measure] = []
-    for scenario, capacity in capacities.items():
-        for request_aware in (True, False):
-            measures = run_scenario(
-                geo, lengths, capacity, request_aware=request_aware, seed=args.seed
-            )
-            rows += [Measure(**{**asdict(m), "scenario": scenario}) for m in measures]
+    prompts = tuple(rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.requests))
+    work = Workload(prompts, args.decode_tokens, args.chunk_tokens, args.decode_reserve)
+    demand = demand_bytes(geo, work)
+    cases = [(c, a, geo, work, int(share * demand)) for c, share in CAPACITIES for a in ALLOCATORS]
+    if args.jobs > 1:  # runs are independent and CPU-bound: one process each
+        with ProcessPoolExecutor(args.jobs) as pool:
+            runs = list(pool.map(run_case, *zip(*cases, strict=True)))
+    else:
+        runs = [run_case(*case) for case in cases]
     return {
         "spec": spec.name,
-        "large_page_bytes": large,
+        "large_page_bytes": geo.large_page_bytes,
         "page_bytes": {str(t.ptype): t.page_bytes for t in geo.types},
         "pages_per_large": {str(t.ptype): t.per_large for t in geo.types},
-        "requests": len(lengths),
-        "total_tokens": sum(lengths),
+        "requests": len(prompts),
+        "prompt_tokens": sum(prompts),
+        "decode_tokens": args.decode_tokens,
+        "chunk_tokens": args.chunk_tokens,
+        "decode_reserve": args.decode_reserve,
         "demand_bytes": demand,
         "seed": args.seed,
-        "results": [asdict(r) for r in rows],
+        "results": runs,
     }
+
+
+def _cell(series: object, key: str) -> float:
+    assert isinstance(series, dict)
+    value = series[key]
+    assert isinstance(value, (int, float))
+    return float(value)
+
+
+def _row(r: dict[str, object]) -> str:
+    failures = r["failures"]
+    assert isinstance(failures, dict)
+    fails = sum(f["count"] for f in failures.values())
+    frag_fails = sum(f["fragmentation_caused"] for f in failures.values())
+    at_fail = max((_cell(f["unusable"], "max_percent") for f in failures.values()), default=0.0)
+    un, al, re_ = r["unusable"], r["allocator_unusable"], r["reserved_empty"]
+    return (
+        f"{r['capacity']:<5} {r['allocator']:<14} {_cell(r, 'capacity_bytes') / 2**30:>7.2f} "
+        f"{r['steps']:>6} {r['preemptions']:>6} {_cell(r, 'avg_decode_batch'):>6.2f} "
+        f"{_cell(r['held'], 'avg_percent'):>6.1f} "
+        f"{_cell(un, 'avg_percent'):>7.3f} {_cell(un, 'max_percent'):>7.3f} "
+        f"{_cell(r, 'remainder_bytes') / 2**20:>7.1f} {_cell(al, 'max_percent'):>7.3f} "
+        f"{_cell(re_, 'avg_percent'):>7.3f} {_cell(re_, 'max_percent'):>7.3f} "
+        f"{fails:>6} {frag_fails:>6} {at_fail:>7.3f}"
+    )
 
 
 def _table(report: dict[str, object]) -> str:
     demand = report["demand_bytes"]
     assert isinstance(demand, int)
-    large = report["large_page_bytes"]
-    assert isinstance(large, int)
-    lines = [
-        f"spec {report['spec']}: L = {report['large_page_bytes']} bytes, pages per large page "
-        f"{report['pages_per_large']}; {report['requests']} requests, "
-        f"{report['total_tokens']} tokens, demand {demand / 2**30:.2f} GiB",
-        f"{'capacity':<8} {'allocator':<14} {'moment':<14} {'pool GiB':>9} {'frag MiB':>10} "
-        f"{'frag % pool':>11} {'% carved':>9} {'frag LP':>8} {'free LP':>8}",
-    ]
     results = report["results"]
     assert isinstance(results, list)
-    for r in results:
-        lines.append(
-            f"{r['scenario']:<8} {r['allocator']:<14} {r['moment']:<14} "
-            f"{r['capacity_bytes'] / 2**30:>9.2f} {r['fragmentation_bytes'] / 2**20:>10.1f} "
-            f"{r['fragmentation_percent']:>11.3f} {r['carved_percent']:>9.3f} "
-            f"{r['fragmentation_bytes'] / large:>8.2f} {r['free_large_pages']:>8}"
-        )
-    return "\n".join(lines)
+    head = (
+        f"{'cap':<5} {'allocator':<14} {'GiB':>7} {'steps':>6} {'preem':>6} {'batch':>6} "
+        f"{'held%':>6} {'unus%':>7} {'max%':>7} {'remMiB':>7} {'alloc%':>7} "
+        f"{'resv%':>7} {'max%':>7} {'fails':>6} {'frag':>6} {'@fail%':>7}"
+    )
+    return "\n".join(
+        [
+            f"spec {report['spec']}: L = {report['large_page_bytes']} bytes, pages per large "
+            f"page {report['pages_per_large']}; {report['requests']} requests, "
+            f"{report['prompt_tokens']} prompt tokens + {report['decode_tokens']} decode each, "
+            f"chunk {report['chunk_tokens']}; demand {demand / 2**30:.2f} GiB",
+            head,
+            *(_row(r) for r in results),
+        ]
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,8 +191,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=20)
     p.add_argument("--min-tokens", type=int, default=55_000)
     p.add_argument("--max-tokens", type=int, default=110_000)
+    p.add_argument("--decode-tokens", type=int, default=2_000)
+    p.add_argument("--chunk-tokens", type=int, default=8_192)
+    p.add_argument("--decode-reserve", type=float, default=0.5)
     p.add_argument("--tokens-per-page", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if not 0 < args.min_tokens <= args.max_tokens or args.requests <= 0:

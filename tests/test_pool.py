@@ -339,22 +339,35 @@ def test_random_operations_keep_invariants(ops: list[int], request_aware: bool) 
 # ---- the fragmentation benchmark, on a small workload ------------------------------------------
 
 
-def test_fragmentation_benchmark_request_aware_beats_naive(
+def test_fragmentation_benchmark_timeline_metrics_are_consistent(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from jenga_sglang.bench.fragmentation import main
 
-    assert main(["--requests", "6", "--min-tokens", "3000", "--max-tokens", "9000", "--json"]) == 0
+    argv = ["--requests", "6", "--min-tokens", "3000", "--max-tokens", "9000"]
+    argv += ["--decode-tokens", "200", "--chunk-tokens", "1024", "--jobs", "1", "--json"]
+    assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    rows = {(r["scenario"], r["allocator"], r["moment"]): r for r in report["results"]}
-    for scenario in ("tight", "roomy"):
-        aware = rows[(scenario, "request-aware", "half finished")]
-        naive = rows[(scenario, "naive", "half finished")]
-        assert aware["fragmentation_bytes"] < naive["fragmentation_bytes"]
-        assert aware["free_large_pages"] > naive["free_large_pages"]
-    large = report["large_page_bytes"]
-    tight_peak = rows[("tight", "request-aware", "peak")]
-    assert tight_peak["fragmentation_bytes"] < large  # only the slack below one large page
+    rows = {(r["capacity"], r["allocator"]): r for r in report["results"]}
+    assert len(rows) == 6
+    for r in rows.values():
+        assert r["finished"] == 6 and r["admissions"] == 6 + r["preemptions"]
+        assert r["held"]["max_bytes"] <= r["capacity_bytes"]
+        assert r["capacity_bytes"] % report["large_page_bytes"] == r["remainder_bytes"]
+        # The remainder is always unusable; the allocator's share is bounded by the reserved
+        # but empty bytes, sample by sample, hence in average and maximum too.
+        assert r["unusable"]["avg_bytes"] == pytest.approx(
+            r["remainder_bytes"] + r["allocator_unusable"]["avg_bytes"]
+        )
+        for key in ("avg_bytes", "max_bytes"):
+            assert r["allocator_unusable"][key] <= r["reserved_empty"][key]
+        for f in r["failures"].values():
+            assert 0 <= f["fragmentation_caused"] <= f["count"]
+            assert f["unusable"]["max_bytes"] >= r["remainder_bytes"]
+    for allocator in ("request-aware", "naive"):
+        # The 60% pool cannot hold all six requests at once, the 150% pool can.
+        tight, roomy = rows[("60%", allocator)], rows[("150%", allocator)]
+        assert tight["avg_decode_batch"] < roomy["avg_decode_batch"] == pytest.approx(6, abs=0.5)
 
 
 def test_padding_is_counted_as_waste_not_as_held() -> None:
