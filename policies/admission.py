@@ -19,14 +19,25 @@ from jenga_sglang.policies.base import AdmissionPolicy, Branch, CheckpointPlan
 
 
 class SpeculativeAdmission(AdmissionPolicy):
-    def __init__(self, max_states: int = 2) -> None:
+    """Marconi's admission; `min_branch_tokens` > 0 skips branch points shorter than that.
+
+    A checkpoint at a short shared prefix (a chat template's opening tokens, a common first
+    word) saves a handful of tokens per hit but costs a whole state: with marconi-7b one state
+    weighs as much as 409 tokens of KV. `jenga` sets the bound from the model spec.
+    """
+
+    def __init__(self, max_states: int = 2, min_branch_tokens: int = 0) -> None:
         if max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {max_states}")
+        if min_branch_tokens < 0:
+            raise ValueError(f"min_branch_tokens must be >= 0, got {min_branch_tokens}")
         self.max_states = max_states
+        self.min_branch_tokens = min_branch_tokens
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         prefill: tuple[int, ...] = ()
-        wants_branch = branch.length > 0 and not branch.checkpointed
+        long_enough = branch.length >= max(1, self.min_branch_tokens)
+        wants_branch = long_enough and not branch.checkpointed
         if wants_branch and hit_len < branch.length <= input_len and self.max_states >= 2:
             prefill = (branch.length,)
         return CheckpointPlan(prefill_at=prefill, finish_at=(total_len,), cache_len=total_len)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
-from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
+from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory, PageKind, PageType
@@ -24,9 +24,28 @@ from jenga_sglang.radix.memory import ByteBudget, CacheMemory, PageKind, PageTyp
 class Bundle:
     name: str
     description: str
-    admission: Callable[[], AdmissionPolicy]
+    admission: Callable[[ModelSpec], AdmissionPolicy]
     eviction: Callable[[], EvictionPolicy]
     tuner: Callable[[], AlphaTuner | None]
+
+
+def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
+    """Shortest branch worth a checkpoint: `fraction` of the tokens whose KV weighs one state."""
+    if not spec.has_mamba or not spec.kv_bytes_per_token:
+        return 0
+    return round(fraction * spec.state_bytes / spec.kv_bytes_per_token)
+
+
+def _speculative(spec: ModelSpec) -> AdmissionPolicy:
+    return SpeculativeAdmission()
+
+
+def _every_block(spec: ModelSpec) -> AdmissionPolicy:
+    return EveryBlockAdmission()
+
+
+def _jenga_admission(spec: ModelSpec) -> AdmissionPolicy:
+    return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec))
 
 
 BUNDLES: dict[str, Bundle] = {
@@ -35,29 +54,30 @@ BUNDLES: dict[str, Bundle] = {
         Bundle(
             "vllm-blocks",
             "every-block admission (B=32) + LRU",
-            EveryBlockAdmission,
+            _every_block,
             LruEviction,
             lambda: None,
         ),
         Bundle(
             "sglang-lru",
             "speculative admission + LRU (SGLang+)",
-            SpeculativeAdmission,
+            _speculative,
             LruEviction,
             lambda: None,
         ),
         Bundle(
             "marconi",
             "speculative admission + FLOP-aware eviction + one-shot tuning",
-            SpeculativeAdmission,
+            _speculative,
             FlopAwareEviction,
             MarconiTuner,
         ),
         Bundle(
             "jenga",
-            "speculative admission + FLOP-aware eviction + sliding re-tuning",
-            SpeculativeAdmission,
-            FlopAwareEviction,
+            "speculative admission (no checkpoints at short branches) + FLOP-aware eviction "
+            "that drops superseded checkpoints first + sliding re-tuning",
+            _jenga_admission,
+            JengaEviction,
             SlidingTuner,
         ),
     )
@@ -86,4 +106,4 @@ def build_cache(
     name: str, spec: ModelSpec, memory: CacheMemory
 ) -> tuple[PrefixCache, AlphaTuner | None]:
     b = bundle(name)
-    return PrefixCache(spec, memory, b.eviction(), b.admission()), b.tuner()
+    return PrefixCache(spec, memory, b.eviction(), b.admission(spec)), b.tuner()

@@ -130,3 +130,43 @@ class FlopAwareEviction(EvictionPolicy):
             if best[0] <= self._utility(r, f):
                 break
         return best_node
+
+
+class JengaEviction(FlopAwareEviction):
+    """FLOP-aware eviction that first drops superseded checkpoints.
+
+    A one-child node holding a state is, in a multi-turn session, almost always the end of an
+    earlier turn: the session has since continued below it and its next turn will hit the
+    deeper checkpoint. Such a state only pays off if some request resumes exactly there again,
+    which is rare, while it costs as much as hundreds of tokens of KV. So these candidates go
+    first (least recently used among them), and Marconi's utility ranks the leaves. Dropping one
+    keeps every token's KV (the child absorbs it), so no hit on the continuation is lost.
+    """
+
+    def __init__(self, alpha: float = 0.0) -> None:
+        super().__init__(alpha)
+        self._superseded = Ranked()
+
+    def update(self, node: Node) -> None:
+        if self.is_candidate(node) and not node.is_leaf:
+            super().remove(node)
+            self._superseded.put(node, node.last_access)
+        else:
+            self._superseded.discard(node)
+            super().update(node)
+
+    def remove(self, node: Node) -> None:
+        self._superseded.discard(node)
+        super().remove(node)
+
+    def refresh(self, path: Sequence[Node], now: int) -> None:
+        deepest = path[-1]
+        if deepest in self._superseded:
+            deepest.last_access = now
+            self._superseded.put(deepest, now)
+        else:
+            super().refresh(path, now)
+
+    def victim(self) -> Node | None:
+        first = self._superseded.first()
+        return first if first is not None else super().victim()

@@ -2,19 +2,21 @@
 
 Both tuners observe the request stream of a `PrefixCache` (`after_request`) and replay a window
 of recorded requests from a snapshot of the cache once per alpha of a grid, keeping the alpha
-that saved the most prefill FLOPs in the replay.
+whose replay scored best.
 
 marconi (faithful to the paper)
     alpha = 0 until the first eviction. Then snapshot the cache and record a bootstrap window as
     long as the number of requests seen before that eviction; replay it for every alpha of
-    {0, 0.1, ..., 2.0} in parallel processes; adopt the best; tune once.
+    {0, 0.1, ..., 2.0} (in worker processes with `run_grid_parallel`); adopt the alpha that saved
+    the most FLOPs; tune once.
 
-jenga (ours)
-    Re-tunes on a sliding window: every `window` requests it replays the last `window` requests
-    from the snapshot taken at the window's start, over the same grid plus plain LRU, and keeps
-    the winner. Ties go to the smaller alpha, so LRU-like behaviour wins unless FLOP awareness
-    does better on the replay. A failing replay (exception, killed worker) keeps the last good
-    alpha and is logged; it never breaks the cache.
+jenga (ours, `SlidingTuner`)
+    Re-tunes all along the stream on windows of recent requests, each replayed from a snapshot
+    taken at its start, over alphas in [0, 1] (alpha = 0 is recency only, i.e. LRU), scoring
+    prefill tokens skipped. Ties go to the smaller alpha, so recency wins unless FLOP awareness
+    does better on the replay. Pauses between windows grow while the choice is stable. A failing
+    replay (exception, killed worker) keeps the last good alpha and is logged; it never breaks
+    the cache.
 
 Replays are deterministic (the cache uses a logical clock), so every tensor-parallel rank that
 runs the same stream picks the same alpha.
@@ -31,6 +33,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.tokens import TokenSeq
@@ -38,6 +41,8 @@ from jenga_sglang.radix.tokens import TokenSeq
 log = logging.getLogger(__name__)
 
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
+#: The sliding tuner re-tunes often, so it uses a coarser grid (0 = recency only, i.e. LRU).
+JENGA_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 #: A recorded request: (input tokens, output tokens).
 Recorded = tuple[TokenSeq, TokenSeq]
@@ -63,8 +68,15 @@ def snapshot(cache: PrefixCache) -> bytes:
         sys.setrecursionlimit(limit)
 
 
-def replay_flops(snap: bytes, window: Sequence[Recorded], alpha: float) -> float:
-    """FLOPs saved by replaying `window` from `snap` with the given alpha."""
+class Objective(Enum):
+    """What a replay maximises: prefill FLOPs saved (Marconi) or prefill tokens skipped."""
+
+    FLOPS = "flops"
+    TOKENS = "tokens"
+
+
+def replay_score(snap: bytes, window: Sequence[Recorded], alpha: float) -> tuple[float, int]:
+    """(FLOPs saved, tokens hit) by replaying `window` from `snap` with the given alpha."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 100_000))
     try:
@@ -72,36 +84,43 @@ def replay_flops(snap: bytes, window: Sequence[Recorded], alpha: float) -> float
     finally:
         sys.setrecursionlimit(limit)
     cache.eviction.alpha = alpha
-    saved = 0.0
+    saved, hits = 0.0, 0
     for i, (inp, out) in enumerate(window):
-        saved += cache.serve(inp, out, owner=-1 - i).flops_saved
-    return saved
+        result = cache.serve(inp, out, owner=-1 - i)
+        saved += result.flops_saved
+        hits += result.hit_tokens
+    return saved, hits
 
 
-GridRunner = Callable[[bytes, Sequence[Recorded], Sequence[float]], list[float]]
+Scores = list[tuple[float, int]]
+GridRunner = Callable[[bytes, Sequence[Recorded], Sequence[float]], Scores]
 
 
-def run_grid_inline(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> list[float]:
-    return [replay_flops(snap, window, a) for a in grid]
+def run_grid_inline(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> Scores:
+    return [replay_score(snap, window, a) for a in grid]
 
 
-def run_grid_parallel(
-    snap: bytes, window: Sequence[Recorded], grid: Sequence[float]
-) -> list[float]:
+def run_grid_parallel(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> Scores:
     """The grid in worker processes (fork: the snapshot is shared, not re-sent per task)."""
     workers = max(1, min(len(grid), mp.cpu_count()))
     ctx = mp.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(replay_flops, snap, window, a) for a in grid]
+        futures = [pool.submit(replay_score, snap, window, a) for a in grid]
         return [f.result() for f in futures]
 
 
 class AlphaTuner(ABC):
-    def __init__(self, grid: Sequence[float] = ALPHA_GRID, runner: GridRunner | None = None):
+    def __init__(
+        self,
+        grid: Sequence[float] = ALPHA_GRID,
+        runner: GridRunner | None = None,
+        objective: Objective = Objective.FLOPS,
+    ) -> None:
         if not grid or any(a < 0 for a in grid):
             raise ValueError(f"alpha grid must be non-empty and >= 0: {grid}")
         self.grid = tuple(grid)
         self.runner: GridRunner = runner or run_grid_inline
+        self.objective = objective
         self.log = TuningLog()
         self.seen = 0
 
@@ -109,20 +128,25 @@ class AlphaTuner(ABC):
     def after_request(self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq) -> None:
         """Called after each request the cache served."""
 
-    def _tune(self, cache: PrefixCache, snap: bytes, window: Sequence[Recorded]) -> None:
+    def _tune(self, cache: PrefixCache, snap: bytes, window: Sequence[Recorded]) -> bool:
+        """Replay the grid and adopt the best alpha; False (alpha kept) if the replay failed."""
         start = time.perf_counter()
         try:
             scores = self.runner(snap, window, self.grid)
+            if len(scores) != len(self.grid):
+                raise RuntimeError(f"{len(scores)} scores for {len(self.grid)} alphas")
         except Exception:
             self.log.failures += 1
             log.exception("alpha tuning failed; keeping alpha=%s", cache.eviction.alpha)
-            return
+            return False
         finally:
             self.log.seconds += time.perf_counter() - start
-        best = max(range(len(self.grid)), key=lambda i: (scores[i], -self.grid[i]))
+        pick = 0 if self.objective is Objective.FLOPS else 1
+        best = max(range(len(self.grid)), key=lambda i: (scores[i][pick], -self.grid[i]))
         cache.eviction.alpha = self.grid[best]
         self.log.tunings += 1
         self.log.history.append((self.seen, self.grid[best]))
+        return True
 
     @staticmethod
     def _evicted(cache: PrefixCache) -> bool:
@@ -157,28 +181,59 @@ class MarconiTuner(AlphaTuner):
 
 
 class SlidingTuner(AlphaTuner):
-    """Re-tune every `window` requests on the last window, from a snapshot at its start."""
+    """Re-tune periodically on a window of recent requests, from a snapshot at its start.
+
+        first eviction
+             |<- window ->|<-- pause -->|<- window ->|<----- pause x 2 ----->|<- window ->|
+             snap  record  tune          snap  record tune (same alpha)       snap ...
+
+    The first window starts at the first eviction (before it every alpha behaves the same).
+    After each tuning the tuner pauses; when the choice did not change, the pause doubles (up
+    to `max_pause`), so a stable workload is re-checked ever more rarely, and a change of the
+    chosen alpha resets it to `pause`. Replay cost is len(grid) x window per tuning, not
+    len(grid) x the whole stream.
+
+    The grid stops at alpha = 1: beyond it the FLOP-efficiency term can outweigh the whole
+    recency range, so a node that is never hit again can outlive every recently used one.
+    """
 
     def __init__(
         self,
-        window: int = 200,
-        grid: Sequence[float] = ALPHA_GRID,
+        window: int = 300,
+        pause: int = 300,
+        max_pause: int = 4800,
+        grid: Sequence[float] = JENGA_GRID,
         runner: GridRunner | None = None,
+        objective: Objective = Objective.TOKENS,
     ) -> None:
-        super().__init__(grid, runner)
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(grid, runner, objective)
+        if window < 1 or not 0 <= pause <= max_pause:
+            raise ValueError(
+                f"need window >= 1 and 0 <= pause <= max_pause: {window}, {pause}, {max_pause}"
+            )
         self.window = window
+        self.base_pause = pause
+        self.max_pause = max_pause
+        self.pause = pause
+        self._wait = 0
         self._snap: bytes | None = None
         self._recorded: list[Recorded] = []
 
     def after_request(self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq) -> None:
         self.seen += 1
-        if self._snap is None:
-            if self._evicted(cache):
-                self._snap = snapshot(cache)
-            return
-        self._recorded.append((inp, out))
-        if len(self._recorded) >= self.window:
-            self._tune(cache, self._snap, self._recorded)
-            self._snap, self._recorded = snapshot(cache), []
+        if self._snap is not None:
+            self._recorded.append((inp, out))
+            if len(self._recorded) >= self.window:
+                self._finish_window(cache, self._snap)
+        elif self._wait > 0:
+            self._wait -= 1
+        elif self._evicted(cache):
+            self._snap = snapshot(cache)
+
+    def _finish_window(self, cache: PrefixCache, snap: bytes) -> None:
+        before = cache.eviction.alpha
+        tuned = self._tune(cache, snap, self._recorded)
+        stable = tuned and cache.eviction.alpha == before
+        self.pause = min(self.max_pause, self.pause * 2) if stable else self.base_pause
+        self._wait = self.pause
+        self._snap, self._recorded = None, []

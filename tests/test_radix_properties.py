@@ -19,7 +19,7 @@ from radix_helpers import attention_spec, hybrid_spec
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.bundles import byte_budget
-from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
+from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.pool import JengaPool, geometry_for_spec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.memory import CacheMemory, OutOfMemory, Pages, PageType
@@ -97,6 +97,12 @@ def pool_memory(spec: ModelSpec) -> CacheMemory:
 CONFIGS = {
     "hybrid-bytes-lru": (hybrid_spec, byte_memory, LruEviction, SpeculativeAdmission),
     "hybrid-bytes-flop": (hybrid_spec, byte_memory, FlopAwareEviction, SpeculativeAdmission),
+    "hybrid-pool-jenga": (
+        hybrid_spec,
+        pool_memory,
+        JengaEviction,
+        lambda: SpeculativeAdmission(min_branch_tokens=3),
+    ),
     "hybrid-pool-flop": (hybrid_spec, pool_memory, FlopAwareEviction, SpeculativeAdmission),
     "hybrid-pool-blocks": (hybrid_spec, pool_memory, LruEviction, lambda: EveryBlockAdmission(3)),
     "swa-pool-lru": (

@@ -1,0 +1,235 @@
+"""Policies on small hand-built trees: who goes first and why, refresh rules, branch positions."""
+
+from __future__ import annotations
+
+import pytest
+from radix_helpers import hybrid_spec, make_cache, seq, toks
+
+from jenga_sglang.policies.admission import (
+    EveryBlockAdmission,
+    LeafOnlyAdmission,
+    SpeculativeAdmission,
+)
+from jenga_sglang.policies.base import Branch
+from jenga_sglang.policies.bundles import BUNDLES, build_cache, bundle, byte_budget
+from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
+from jenga_sglang.policies.tuning import MarconiTuner, Objective, SlidingTuner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.tokens import TokenSeq
+
+# ---------------------------------------------------------------- admission
+
+
+@pytest.mark.parametrize(
+    ("branch", "hit", "expected_prefill"),
+    [
+        (Branch(0, True, True), 0, ()),  # nothing shared: no branch checkpoint
+        (Branch(37, False, False), 0, (37,)),  # leaves mid-edge at 37: checkpoint exactly there
+        (Branch(37, True, False), 0, (37,)),  # node end without a state: checkpoint it
+        (Branch(37, True, True), 37, ()),  # already checkpointed there
+        (Branch(50, False, False), 50, ()),  # at or below the hit nothing is recomputed
+        (Branch(60, False, False), 0, (60,)),  # the whole 60-token input is in the tree
+    ],
+)
+def test_speculative_admission_plans_exact_branch_positions(branch, hit, expected_prefill):  # type: ignore[no-untyped-def]
+    plan = SpeculativeAdmission().plan(branch, input_len=60, total_len=90, hit_len=hit)
+    assert plan.prefill_at == expected_prefill
+    assert plan.finish_at == (90,)
+    assert plan.cache_len == 90
+    assert len(plan.positions) <= 2
+
+
+def test_min_branch_skips_short_shared_prefixes():
+    admission = SpeculativeAdmission(min_branch_tokens=10)
+    assert admission.plan(Branch(9, False, False), 60, 90, 0).prefill_at == ()
+    assert admission.plan(Branch(10, False, False), 60, 90, 0).prefill_at == (10,)
+
+
+def test_every_block_checkpoints_whole_blocks_only():
+    plan = EveryBlockAdmission(32).plan(
+        Branch(0, True, True), input_len=70, total_len=100, hit_len=32
+    )
+    assert plan.prefill_at == (64,)
+    assert plan.finish_at == (96,)
+    assert plan.cache_len == 96
+    assert LeafOnlyAdmission().plan(Branch(5, False, False), 10, 12, 0).positions == (12,)
+
+
+def test_speculative_checkpoint_lands_exactly_at_the_branch_point():
+    cache = make_cache(hybrid_spec())
+    cache.serve(seq(0, 20), toks(900), owner=1)
+    second = seq(0, 13).concat(toks(500, 501, 502))
+    result = cache.serve(second, toks(901), owner=2)
+    assert result.hit_tokens == 0  # the branch at 13 is only discovered now
+    node = cache.tree.match(seq(0, 13).concat(toks(777))).node
+    assert node is not None and node.end == 13 and node.state is not None
+    third = seq(0, 13).concat(toks(600))
+    assert cache.serve(third, toks(902), owner=3).hit_tokens == 13  # third occurrence hits
+
+
+# ---------------------------------------------------------------- eviction order
+
+
+def three_sessions(eviction):  # type: ignore[no-untyped-def]
+    """Three disjoint sessions; session 0 has two turns (its first turn's state is superseded)."""
+    cache = make_cache(hybrid_spec(), eviction=eviction)
+    cache.serve(toks(1, 2, 3, 4), toks(5, 6), owner=1)  # session 0, turn 0: state at 6
+    cache.serve(toks(20, 21, 22, 23, 24, 25, 26, 27), toks(28), owner=2)  # session 1: state at 9
+    cache.serve(toks(40, 41), toks(42), owner=3)  # session 2: state at 3
+    cache.serve(toks(1, 2, 3, 4, 5, 6, 7, 8), toks(9), owner=4)  # session 0, turn 1: hits 6
+    return cache
+
+
+def node_at(cache: PrefixCache, *ids: int):  # type: ignore[no-untyped-def]
+    return cache.tree.match(TokenSeq.of(list(ids))).node
+
+
+def test_lru_evicts_least_recent_leaf_and_a_hit_refreshes_the_whole_path():
+    cache = three_sessions(LruEviction())
+    superseded = node_at(cache, 1, 2, 3, 4, 5, 6)
+    assert superseded.last_access == 4  # refreshed with its path by turn 1's hit
+    victim = cache.eviction.victim()
+    assert victim is node_at(cache, 20, 21, 22, 23, 24, 25, 26, 27, 28)  # session 1, oldest leaf
+    assert not superseded.is_leaf  # LRU never evicts the one-child node holding a state
+
+
+def test_flop_aware_refreshes_only_the_deepest_node_and_may_drop_a_one_child_state():
+    cache = three_sessions(FlopAwareEviction(alpha=0.0))
+    cache.serve(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), toks(11), owner=5)  # turn 2: hits 9
+    upper = node_at(cache, 1, 2, 3, 4, 5, 6)
+    middle = node_at(cache, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+    assert (upper.last_access, middle.last_access) == (4, 5)  # only the deepest hit moves
+    order = []
+    for _ in range(3):
+        victim = cache.eviction.victim()
+        order.append((victim.start, victim.end, victim.is_leaf))
+        cache.tree.evict_for(cache.tree.kv_types[0])
+        cache.check_integrity()
+    # least recent first: session 1's leaf (t=2), session 2's leaf (t=3), then the one-child
+    # node of session 0 (t=4), whose state is dropped while its child absorbs its tokens
+    assert order == [(0, 9, True), (0, 3, True), (0, 6, False)]
+    assert upper.parent is None
+    assert middle.start == 0 and len(middle.kv[0]) == 9
+    assert cache.tree.match(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)).length == 11
+
+
+def test_flop_aware_alpha_prefers_keeping_efficient_nodes():
+    # Session 1's leaf is long (9 tokens, one state); session 2's is short (3 tokens, one
+    # state): per byte it saves far fewer FLOPs. With a large alpha it goes first although
+    # session 1 is older.
+    cache = three_sessions(FlopAwareEviction(alpha=0.0))
+    cache.tree.drop_state(node_at(cache, 1, 2, 3, 4, 5, 6))
+    long_leaf = node_at(cache, 20, 21, 22, 23, 24, 25, 26, 27, 28)
+    short_leaf = node_at(cache, 40, 41, 42)
+    policy = cache.eviction
+    assert isinstance(policy, FlopAwareEviction)
+    assert policy.efficiency(long_leaf) > policy.efficiency(short_leaf)
+    assert policy.victim() is long_leaf  # recency alone
+    policy.alpha = 5.0
+    assert policy.victim() is short_leaf
+
+
+def test_jenga_eviction_drops_superseded_checkpoints_before_any_leaf():
+    cache = three_sessions(JengaEviction(alpha=5.0))
+    superseded = node_at(cache, 1, 2, 3, 4, 5, 6)
+    assert cache.eviction.victim() is superseded
+    cache.tree.evict_for(cache.tree.kv_types[0])
+    assert cache.tree.match(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)).length == 9  # turn 1 still hits
+    cache.check_integrity()
+
+
+def test_fagin_victim_matches_a_full_scan():
+    cache = make_cache(hybrid_spec(), budget=10**7, eviction=FlopAwareEviction(alpha=0.7))
+    for i in range(60):
+        start = 1000 * (i % 9)
+        cache.serve(TokenSeq.of(list(range(start, start + 3 + (i * 7) % 23))), toks(i), owner=i)
+    policy = cache.eviction
+    assert isinstance(policy, FlopAwareEviction)
+    candidates = [n for n in cache.tree.nodes() if policy.is_candidate(n)]
+    for alpha in (0.0, 0.3, 0.7, 1.5, 4.0):
+        policy.alpha = alpha
+        best = min(candidates, key=lambda n: (policy.utility(n), n.id))
+        assert policy.victim() is best
+
+
+# ---------------------------------------------------------------- tuning
+
+
+def chat_trace(sessions: int, turns: int) -> list[tuple[TokenSeq, TokenSeq]]:
+    out: list[tuple[TokenSeq, TokenSeq]] = []
+    history = {s: [10_000 * (s + 1)] for s in range(sessions)}
+    for t in range(turns):
+        for s in range(sessions):
+            user = [10_000 * (s + 1) + 100 * t + k for k in range(1, 6 + (s * t) % 7)]
+            reply = [10_000 * (s + 1) + 100 * t + 50 + k for k in range(3 + s % 4)]
+            out.append((TokenSeq.of(history[s] + user), TokenSeq.of(reply)))
+            history[s] += user + reply
+    return out
+
+
+def serve_all(cache, tuner, trace):  # type: ignore[no-untyped-def]
+    hits = 0
+    for i, (inp, out) in enumerate(trace):
+        hits += cache.serve(inp, out, owner=i).hit_tokens
+        if tuner is not None:
+            tuner.after_request(cache, inp, out)
+    return hits
+
+
+def test_marconi_tuner_waits_for_first_eviction_then_tunes_once():
+    spec = hybrid_spec()
+    cache = PrefixCache(spec, byte_budget(spec, 1200), FlopAwareEviction(), SpeculativeAdmission())
+    tuner = MarconiTuner(grid=(0.0, 0.5, 1.0))
+    serve_all(cache, tuner, chat_trace(6, 8))
+    assert tuner.log.tunings == 1 and tuner.log.failures == 0
+    first_request_after_tuning = tuner.log.history[0][0]
+    assert first_request_after_tuning > 1
+    cache.check_integrity()
+
+
+def test_tuner_failure_keeps_last_alpha_and_the_cache_keeps_working():
+    spec = hybrid_spec()
+
+    def broken_runner(snap, window, grid):  # type: ignore[no-untyped-def]
+        raise RuntimeError("worker killed")
+
+    cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(0.5), SpeculativeAdmission())
+    tuner = SlidingTuner(window=5, pause=3, runner=broken_runner)
+    hits = serve_all(cache, tuner, chat_trace(6, 8))
+    assert tuner.log.failures >= 2 and tuner.log.tunings == 0
+    assert cache.eviction.alpha == 0.5
+    assert hits > 0
+    cache.check_integrity()
+
+
+def test_sliding_tuner_retunes_and_backs_off_when_stable():
+    spec = hybrid_spec()
+    cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(), SpeculativeAdmission())
+    tuner = SlidingTuner(window=4, pause=2, max_pause=8, objective=Objective.TOKENS)
+    serve_all(cache, tuner, chat_trace(6, 10))
+    assert tuner.log.tunings >= 3
+    assert all(a in tuner.grid for _, a in tuner.log.history)
+    gaps = [b - a for (a, _), (b, _) in zip(tuner.log.history, tuner.log.history[1:], strict=False)]
+    assert max(gaps) > min(gaps) or len(set(a for _, a in tuner.log.history)) > 1
+
+
+@pytest.mark.parametrize("name", list(BUNDLES))
+def test_bundles_are_deterministic_given_the_same_stream(name: str):
+    """Two independent caches (as on two tensor-parallel ranks) make identical decisions."""
+    spec = hybrid_spec()
+    trace = chat_trace(5, 9)
+    runs = []
+    for _ in range(2):
+        cache, tuner = build_cache(name, spec, byte_budget(spec, 1500))
+        hits = [cache.serve(i, o, owner=k).hit_tokens for k, (i, o) in enumerate(trace)]
+        if tuner is not None:
+            for inp, out in trace:
+                tuner.after_request(cache, inp, out)
+        shape = sorted((n.start, n.end, n.state is not None) for n in cache.tree.nodes())
+        runs.append((hits, shape, cache.eviction.alpha, cache.tree.evicted_nodes))
+    assert runs[0] == runs[1]
+
+
+def test_unknown_bundle_names_the_known_ones():
+    with pytest.raises(ValueError, match="sglang-lru"):
+        bundle("lfu")
