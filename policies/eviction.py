@@ -14,12 +14,20 @@ FLOP-aware
     over the candidates, where r is last access and f the node's FLOP efficiency (FLOPs its own
     tokens save relative to its parent, per byte it holds).
 
-    The reference rescans every node per eviction (O(N) each). We keep the candidates in two
-    sorted orders, by r and by f, and find the argmin with Fagin's threshold algorithm: walk both
-    orders in step; after k steps every unseen node has r >= R[k].r and f >= F[k].f, so its
-    utility is at least the threshold u(R[k].r, F[k].f), and we stop once the best seen utility is
-    within it. The walk stops at the latest when one order is exhausted (k <= N), and in practice
-    after a handful of steps, because low-utility nodes sit near the front of at least one order.
+    The reference rescans every node per eviction (O(N) each). Normalisation is one affine map,
+    so the victim minimises r + beta * f with beta = alpha * (r_max - r_min) / (f_max - f_min).
+    We keep the candidates in three sorted orders: by r, by f, and by the blend g = r + beta0 * f
+    for a reference beta0 (re-sorted only when beta drifts out of [beta0 / 2, 2 * beta0], which
+    the slowly moving min/max make rare). Then the target is a positive combination of g and one
+    of the single orders:
+
+        beta >= beta0:  r + beta f = g + (beta - beta0) f
+        beta <  beta0:  r + beta f = (beta / beta0) g + (1 - beta / beta0) r
+
+    and Fagin's threshold algorithm finds its argmin: walk both orders in step; after k steps
+    every unseen node scores at least the combination of the k-th keys, so we stop as soon as
+    the best seen score is within that threshold. The walk ends at the latest when an order is
+    exhausted (k <= N), and since g is close to the target, after a few steps in practice.
 """
 
 from __future__ import annotations
@@ -66,6 +74,8 @@ class FlopAwareEviction(EvictionPolicy):
         self._cost: NodeCost | None = None
         self._by_recency = Ranked()
         self._by_efficiency = Ranked()
+        self._by_blend = Ranked()
+        self._beta0 = 0.0
 
     def bind_cost(self, node_flops: NodeCost) -> None:
         self._cost = node_flops
@@ -85,51 +95,69 @@ class FlopAwareEviction(EvictionPolicy):
 
     def update(self, node: Node) -> None:
         if self.is_candidate(node):
+            f = self.efficiency(node)
             self._by_recency.put(node, node.last_access)
-            self._by_efficiency.put(node, self.efficiency(node))
+            self._by_efficiency.put(node, f)
+            self._by_blend.put(node, node.last_access + self._beta0 * f)
         else:
             self.remove(node)
 
     def remove(self, node: Node) -> None:
         self._by_recency.discard(node)
         self._by_efficiency.discard(node)
+        self._by_blend.discard(node)
 
     def refresh(self, path: Sequence[Node], now: int) -> None:
         deepest = path[-1]
         deepest.last_access = now
         if deepest in self._by_recency:
             self._by_recency.put(deepest, now)
+            f = self._by_efficiency.value(deepest)
+            self._by_blend.put(deepest, now + self._beta0 * f)
 
     def utility(self, node: Node) -> float:
-        return self._utility(node.last_access, self._by_efficiency.value(node))
+        wr, r_lo, wf, f_lo = self._weights()
+        return wr * (node.last_access - r_lo) + wf * (self._by_efficiency.value(node) - f_lo)
 
-    def _utility(self, recency: float, efficiency: float) -> float:
+    def _weights(self) -> tuple[float, float, float, float]:
+        """u = wr * (r - r_lo) + wf * (f - f_lo): min-max normalisation as one affine map."""
         r_lo, r_hi = self._by_recency.min_value(), self._by_recency.max_value()
-        u = (recency - r_lo) / (r_hi - r_lo) if r_hi > r_lo else 0.0
-        if self.alpha:
-            f_lo, f_hi = self._by_efficiency.min_value(), self._by_efficiency.max_value()
-            if f_hi > f_lo:
-                u += self.alpha * (efficiency - f_lo) / (f_hi - f_lo)
-        return u
+        f_lo, f_hi = self._by_efficiency.min_value(), self._by_efficiency.max_value()
+        wr = 1.0 / (r_hi - r_lo) if r_hi > r_lo else 0.0
+        wf = self.alpha / (f_hi - f_lo) if self.alpha and f_hi > f_lo else 0.0
+        return wr, r_lo, wf, f_lo
 
     def victim(self) -> Node | None:
         if not self._by_recency:
             return None
-        if not self.alpha:
-            return self._by_recency.first()
-        best: tuple[float, int] | None = None
-        best_node: Node | None = None
-        by_r = self._by_recency.ascending()
-        by_f = self._by_efficiency.ascending()
-        for (r, node_r), (f, node_f) in zip(by_r, by_f, strict=True):
-            for node in (node_r, node_f):
-                key = (self.utility(node), node.id)
-                if best is None or key < best:
-                    best, best_node = key, node
-            assert best is not None
-            if best[0] <= self._utility(r, f):
+        wr, r_lo, wf, f_lo = self._weights()
+        if wf == 0.0 or wr == 0.0:
+            return (self._by_efficiency if wr == 0.0 and wf else self._by_recency).first()
+        beta = wf / wr
+        if not self._beta0 / 2 <= beta <= 2 * self._beta0:
+            self._rebase(beta)
+        recency, efficiency = self._by_recency.value_of, self._by_efficiency.value_of
+        if beta >= self._beta0:
+            other, w_blend, w_other = self._by_efficiency, 1.0, beta - self._beta0
+        else:
+            other, w_blend, w_other = self._by_recency, beta / self._beta0, 1 - beta / self._beta0
+        best = (float("inf"), -1)
+        for (g, g_id), (v, v_id) in zip(self._by_blend.keys(), other.keys(), strict=True):
+            for node_id in (g_id, v_id):
+                u = wr * (recency(node_id) - r_lo) + wf * (efficiency(node_id) - f_lo)
+                best = min(best, (u, node_id))
+            # every unseen node has r + beta f >= w_blend * g + w_other * v
+            if best[0] <= wr * (w_blend * g + w_other * v - r_lo) - wf * f_lo:
                 break
-        return best_node
+        return self._by_recency.node(best[1])
+
+    def _rebase(self, beta: float) -> None:
+        """Re-sort the blended order for a new reference beta0 (amortised: beta moves slowly)."""
+        self._beta0 = beta
+        efficiency = self._by_efficiency.value
+        self._by_blend.reset(
+            [(node, r + beta * efficiency(node)) for r, node in self._by_recency.ascending()]
+        )
 
 
 class JengaEviction(FlopAwareEviction):

@@ -28,6 +28,12 @@ class Ranked:
         self._keys[node.id] = key
         self._nodes[node.id] = node
 
+    def reset(self, entries: list[tuple[Node, float]]) -> None:
+        """Replace every entry at once (O(n log n), cheaper than n puts)."""
+        self._keys = {node.id: (value, node.id) for node, value in entries}
+        self._nodes = {node.id: node for node, _ in entries}
+        self._order = SortedList(self._keys.values())
+
     def discard(self, node: Node) -> None:
         old = self._keys.pop(node.id, None)
         if old is not None:
@@ -55,3 +61,13 @@ class Ranked:
     def ascending(self) -> Iterator[tuple[float, Node]]:
         for value, node_id in self._order:
             yield value, self._nodes[node_id]
+
+    def keys(self) -> Iterator[tuple[float, int]]:
+        """(value, node id) in ascending order, without node look-ups (hot loops)."""
+        return iter(self._order)
+
+    def value_of(self, node_id: int) -> float:
+        return self._keys[node_id][0]
+
+    def node(self, node_id: int) -> Node:
+        return self._nodes[node_id]

@@ -138,18 +138,21 @@ def test_jenga_eviction_drops_superseded_checkpoints_before_any_leaf():
     cache.check_integrity()
 
 
-def test_fagin_victim_matches_a_full_scan():
-    cache = make_cache(hybrid_spec(), budget=10**7, eviction=FlopAwareEviction(alpha=0.7))
-    for i in range(60):
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 1.5, 4.0])
+def test_threshold_victim_matches_a_full_scan_eviction_after_eviction(alpha: float):
+    cache = make_cache(hybrid_spec(), budget=10**7, eviction=FlopAwareEviction(alpha=0.5))
+    for i in range(80):
         start = 1000 * (i % 9)
         cache.serve(TokenSeq.of(list(range(start, start + 3 + (i * 7) % 23))), toks(i), owner=i)
     policy = cache.eviction
     assert isinstance(policy, FlopAwareEviction)
-    candidates = [n for n in cache.tree.nodes() if policy.is_candidate(n)]
-    for alpha in (0.0, 0.3, 0.7, 1.5, 4.0):
-        policy.alpha = alpha
+    policy.alpha = alpha
+    for _ in range(40):
+        candidates = [n for n in cache.tree.nodes() if policy.is_candidate(n)]
         best = min(candidates, key=lambda n: (policy.utility(n), n.id))
         assert policy.victim() is best
+        cache.tree.evict_for(cache.tree.kv_types[0])
+    cache.check_integrity()
 
 
 # ---------------------------------------------------------------- tuning
