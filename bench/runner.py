@@ -18,6 +18,7 @@ from typing import Any
 from jenga_sglang.bench.cost_model import CostModel
 from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats, pack, replay_sequential
+from jenga_sglang.bench.sglang_run import NATIVE_POLICIES, run_native, validate_native
 from jenga_sglang.bench.trace import load_trace
 from jenga_sglang.models.presets import get_spec, preset_names
 from jenga_sglang.models.spec import ModelSpec
@@ -54,8 +55,11 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad field (before any trace is loaded)."""
-    if config.policy not in BUNDLES:
-        raise ValueError(f"unknown policy {config.policy!r}; known: {', '.join(BUNDLES)}")
+    if config.policy in NATIVE_POLICIES:  # SGLang's own cache (bench/sglang_run.py)
+        validate_native(config.policy, config.mode, config.memory)
+    elif config.policy not in BUNDLES:
+        known = ", ".join((*BUNDLES, *NATIVE_POLICIES))
+        raise ValueError(f"unknown policy {config.policy!r}; known: {known}")
     if config.model not in preset_names():
         raise ValueError(f"unknown model {config.model!r}; known: {', '.join(preset_names())}")
     if config.mode not in MODES:
@@ -92,6 +96,11 @@ def run(config: RunConfig) -> dict[str, Any]:
     validate(config)
     requests = load_packed(config.trace)
     spec = get_spec(config.model)
+    if config.policy in NATIVE_POLICIES:
+        native = run_native(
+            config.policy, requests, spec, config.cache_bytes, config.engine.chunk_tokens
+        )
+        return {**_config_fields(config), **native}
     memory = build_memory(config.memory, spec, config.cache_bytes)
     cache, tuner = build_cache(config.policy, spec, memory)
     stats: ReplayStats
@@ -101,13 +110,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         cost = CostModel.with_overrides(dict(config.cost))
         stats = replay_engine(requests, cache, tuner, cost, config.engine, check=config.check)
     record: dict[str, Any] = {
-        "trace": config.trace,
-        "model": config.model,
-        "mode": config.mode,
-        "memory": config.memory,
-        "policy": config.policy,
-        "cache_gb": config.cache_gb,
-        "cache_bytes": config.cache_bytes,
+        **_config_fields(config),
         **_replay_fields(stats),
         "peak_bytes": int(getattr(memory, "peak_bytes", _peak_from(stats, memory))),
         "capacity_violations": int(getattr(memory, "capacity_violations", 0)),
@@ -119,6 +122,18 @@ def run(config: RunConfig) -> dict[str, Any]:
     if isinstance(stats, EngineStats):
         record.update(engine_fields(stats))
     return record
+
+
+def _config_fields(config: RunConfig) -> dict[str, Any]:
+    return {
+        "trace": config.trace,
+        "model": config.model,
+        "mode": config.mode,
+        "memory": config.memory,
+        "policy": config.policy,
+        "cache_gb": config.cache_gb,
+        "cache_bytes": config.cache_bytes,
+    }
 
 
 def _replay_fields(stats: ReplayStats) -> dict[str, Any]:

@@ -1,0 +1,264 @@
+"""SGLang's own cache stack, built on device="cpu" and driven as its scheduler drives it.
+
+`SglangNativeCache` owns a real SGLang 0.5.23 `UnifiedRadixCache` (FULL + MAMBA components)
+over a `HybridReqToTokenPool` (request rows + Mamba slots), a `HybridLinearKVPool` and a
+`TokenToKVPoolAllocator`, sized by `SglangSplit` (bench/sglang_split.py). Tensors are tiny
+(one head of width one, a few Mamba channels): only slot *counts* drive the cache's decisions,
+so the pools hold the spec's budget in slots without allocating its bytes.
+
+Serving one request reuses SGLang's own scheduler helpers, in the scheduler's order:
+`alloc_req_slots` (request row, Mamba slot, two ping-pong track slots), `init_next_round_input`
+(match_prefix with copy-on-write of the matched state; the key is capped at input - 1 tokens),
+`tree_cache.lock(last_node)`, then per prefill chunk `alloc_token_slots` (evicting LRU),
+`ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` (which position's state is tracked:
+the chunk end floored to the 64-token grid, or the match's branching point instead), and
+`checkpoint_kv_cache`. Decode allocates the KV of output tokens 0..n-2 (the last sampled token
+never gets KV) and tracks a state at every multiple of `mamba_track_interval` (256), as the
+batch result processor does; `release_kv_cache(checkpoint=True)` finishes. Strategy:
+`extra_buffer` (what `auto` resolves to with the overlap scheduler on), page size 1, LRU.
+
+Importing sglang takes 15-27 s, so nothing here imports it until a cache is built.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from jenga_sglang.bench.replay import PackedRequest, ReplayStats
+from jenga_sglang.bench.sglang_split import SglangSplit
+from jenga_sglang.models.spec import ModelSpec
+
+MAMBA_CHUNK = 64  # FLA chunk = SGLang's mamba_cache_chunk_size at page size 1
+TRACK_INTERVAL = 256  # --mamba-track-interval default
+MAX_RUNNING = 1  # sequential replay: one request at a time
+_TINY_MAMBA = {
+    "intermediate_size": 16,
+    "n_groups": 1,
+    "num_heads": 1,
+    "head_dim": 16,
+    "state_size": 1,
+    "conv_kernel": 2,
+}
+
+
+def _server_args() -> None:
+    """SGLang reads its global ServerArgs from the pools and the cache; set the defaults."""
+    from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    args = ServerArgs(model_path="dummy", page_size=1, mamba_radix_cache_strategy="extra_buffer")
+    args._mamba_cache_chunk_size = CHUNK_SIZE  # no HF config to read it from
+    set_global_server_args_for_scheduler(args)
+
+
+def _layer_ids(spec: ModelSpec) -> tuple[list[int], list[int]]:
+    """(full-attention layer ids, Mamba layer ids) in the spec's group order."""
+    full: list[int] = []
+    mamba: list[int] = []
+    layer = 0
+    for group in spec.attention_groups + spec.mamba_groups:
+        ids = list(range(layer, layer + group.num_layers))
+        (full if group in spec.attention_groups else mamba).extend(ids)
+        layer += group.num_layers
+    return full, mamba
+
+
+class SglangNativeCache:
+    """SGLang's real cache stack for `split`, serving requests one at a time (see module doc).
+
+    `serve(inp, out)` returns the device prefix SGLang reused for `inp` (its token hit).
+    Requests whose input + output exceed the KV pool are not served (SGLang rejects them):
+    `serve` returns None and the tree is untouched.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, split: SglangSplit, max_context_len: int, chunk_tokens: int
+    ) -> None:
+        if chunk_tokens < MAMBA_CHUNK:
+            raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
+        _server_args()
+        self.spec = spec
+        self.split = split
+        self.chunk_tokens = chunk_tokens
+        self._rid = 0
+        self._build(max_context_len)
+
+    def _build(self, max_context_len: int) -> None:
+        import torch
+        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+        from sglang.srt.environ import envs
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        full, mamba = _layer_ids(self.spec)
+        with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
+            shape = Mamba2StateShape.create(tp_world_size=1, **_TINY_MAMBA)
+            params = Mamba2CacheParams(shape=shape, layers=mamba)
+        self.req_pool = HybridReqToTokenPool(
+            size=MAX_RUNNING + 1,
+            mamba_size=self.split.mamba_slots,
+            mamba_spec_state_size=MAX_RUNNING + 1,
+            max_context_len=max_context_len + 1,
+            device="cpu",
+            enable_memory_saver=False,
+            cache_params=params,
+            mamba_layer_ids=mamba,
+            enable_mamba_extra_buffer=True,
+            speculative_num_draft_tokens=3,
+        )
+        kv_pool = HybridLinearKVPool(
+            size=self.split.kv_tokens,
+            dtype=torch.bfloat16,
+            page_size=1,
+            head_num=1,
+            head_dim=1,
+            full_attention_layer_ids=full,
+            device="cpu",
+            enable_memory_saver=False,
+            mamba_pool=self.req_pool.mamba_pool,
+        )
+        self.allocator = TokenToKVPoolAllocator(
+            size=self.split.kv_tokens,
+            dtype=torch.bfloat16,
+            device="cpu",
+            kvcache=kv_pool,
+            need_sort=False,
+        )
+        init = CacheInitParams(
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=1,
+            disable=False,
+            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+            enable_mamba_extra_buffer=True,
+            eviction_policy="lru",
+        )
+        self.tree = UnifiedRadixCache(params=init)
+        # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
+        self._batch = SimpleNamespace(
+            model_config=SimpleNamespace(
+                hf_text_config=SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK)
+            ),
+            tree_cache=self.tree,
+            req_to_token_pool=self.req_pool,
+        )
+
+    def serve(self, inp: Sequence[int], out: Sequence[int]) -> int | None:
+        if len(inp) == 0:
+            raise ValueError("request has no input tokens")
+        if len(inp) + len(out) > self.split.kv_tokens:
+            return None
+        req = self._new_req(inp, len(out))
+        hit = int(req.prefix_len)
+        self._prefill(req, out[0] if out else None)
+        self._decode(req, inp, out)
+        self._finish(req, len(out))
+        return hit
+
+    def _new_req(self, inp: Sequence[int], max_new: int) -> Any:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.allocation import alloc_req_slots
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        self._rid += 1
+        req = Req(
+            rid=str(self._rid),
+            origin_input_text="",
+            origin_input_ids=array("q", inp),
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
+        )
+        alloc_req_slots(self.req_pool, [req], self.tree)
+        req.init_next_round_input(self.tree)  # match_prefix, COW of the matched state
+        req.lock = self.tree.lock(req.last_node)  # as PrefillAdder does on admission
+        return req
+
+    def _prefill(self, req: Any, first_output: int | None) -> None:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        total = len(req.origin_input_ids)
+        while req.prefix_len < total:
+            start = req.prefix_len
+            end = min(start + self.chunk_tokens, total)
+            req.extend_end = end
+            self._alloc_kv(req, start, end)
+            ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(self._batch, req)
+            if end == total and first_output is not None:
+                req.output_ids.append(first_output)  # the prefill's sampled token
+            checkpoint_kv_cache(req, self.tree)  # also moves prefix_len to extend_end
+
+    def _decode(self, req: Any, inp: Sequence[int], out: Sequence[int]) -> None:
+        """Decode steps 1..n-1: each writes the KV of the previous output token."""
+        if len(out) < 2:
+            return
+        base = len(inp)
+        self._alloc_kv(req, base, base + len(out) - 1)
+        pool = self.req_pool
+        for k in range(1, len(out)):
+            committed = base + k
+            req.kv.kv_committed_len = committed
+            req.output_ids.append(out[k])
+            if committed % TRACK_INTERVAL == 0:  # the track boundary of the result processor
+                req.kv.mamba_last_track_idx = req.kv.mamba_next_track_idx
+                req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
+                req.kv.mamba_last_track_seqlen = committed
+                req.kv.mamba_next_track_idx = pool.get_mamba_ping_pong_other_idx(
+                    req.kv.mamba_next_track_idx
+                )
+
+    def _alloc_kv(self, req: Any, start: int, end: int) -> None:
+        from sglang.srt.mem_cache.allocation import alloc_token_slots
+
+        loc = alloc_token_slots(self.tree, end - start)  # evicts the tree's LRU leaves first
+        self.req_pool.write((req.kv.req_pool_idx, slice(start, end)), loc)
+        req.kv.kv_committed_len = end
+        req.kv.kv_allocated_len = end
+
+    def _finish(self, req: Any, n_out: int) -> None:
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        req.finished_reason = FINISH_LENGTH(length=n_out)
+        release_kv_cache(req, self.tree, checkpoint=True)
+
+    def usage(self) -> dict[str, int]:
+        """Cached (evictable) KV tokens and Mamba states, and what is free, right now."""
+        return {
+            "kv_cached_tokens": int(self.tree.full_evictable_size()),
+            "mamba_cached_states": int(self.tree.mamba_evictable_size()),
+            "kv_free_tokens": int(self.allocator.available_size()),
+            "mamba_free_slots": int(self.req_pool.mamba_allocator.available_size()),
+        }
+
+
+def replay_native(
+    requests: Sequence[PackedRequest],
+    spec: ModelSpec,
+    split: SglangSplit,
+    chunk_tokens: int,
+) -> tuple[ReplayStats, SglangNativeCache]:
+    """Sequential replay (bench/replay.py's order and totals) through SGLang's own cache."""
+    longest = max((len(r.inp) + len(r.out) for r in requests), default=1)
+    cache = SglangNativeCache(spec, split, longest, chunk_tokens)
+    stats = ReplayStats()
+    start = time.perf_counter()
+    for req in requests:
+        hit = cache.serve(req.inp.tolist(), req.out.tolist())
+        stats.requests += 1
+        stats.input_tokens += len(req.inp)
+        stats.output_tokens += len(req.out)
+        stats.flops_total += spec.flops(len(req.inp))
+        if hit is None:
+            stats.uncached_requests += 1
+            continue
+        stats.hit_tokens += hit
+        stats.flops_saved += spec.flops(hit)
+    stats.wall_s = time.perf_counter() - start
+    return stats, cache

@@ -1,0 +1,68 @@
+"""One `jenga-bench` run whose cache is SGLang's own stack (`--policy sglang-native...`).
+
+bench/runner.py hands these policy names here; this module turns a RunConfig into the same
+flat record as every other run, plus the SGLang pool sizes. Importing it is cheap: sglang is
+only imported when the cache is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jenga_sglang.bench.replay import PackedRequest, ReplayStats
+from jenga_sglang.bench.sglang_split import static_split
+from jenga_sglang.models.spec import ModelSpec
+
+NATIVE_POLICIES = ("sglang-native",)
+
+
+def validate_native(policy: str, mode: str, memory: str) -> None:
+    """ValueError naming the field when a native run asks for something it does not model."""
+    if policy not in NATIVE_POLICIES:
+        raise ValueError(f"unknown SGLang policy {policy!r}; known: {', '.join(NATIVE_POLICIES)}")
+    if mode != "sequential":
+        raise ValueError(f"policy {policy!r} supports mode 'sequential' only, got {mode!r}")
+    if memory != "bytes":
+        raise ValueError(f"policy {policy!r} sizes SGLang's own pools; --memory must be 'bytes'")
+
+
+def run_native(
+    policy: str,
+    requests: list[PackedRequest],
+    spec: ModelSpec,
+    cache_bytes: int,
+    chunk_tokens: int,
+) -> dict[str, Any]:
+    """Replay `requests` through SGLang's cache; the record fields runner.run adds to its own."""
+    from jenga_sglang.bench.sglang_native import replay_native
+
+    split = static_split(spec, cache_bytes)
+    stats, cache = replay_native(requests, spec, split, chunk_tokens)
+    return {
+        **stats_fields(stats),
+        "peak_bytes": split.kv_bytes + split.mamba_bytes,
+        "capacity_violations": 0,
+        "alpha": 0.0,
+        "tunings": 0,
+        "evicted_nodes": 0,
+        "evicted_states": 0,
+        "sglang_kv_tokens": split.kv_tokens,
+        "sglang_mamba_slots": split.mamba_slots,
+        **{f"sglang_end_{k}": v for k, v in cache.usage().items()},
+    }
+
+
+def stats_fields(stats: ReplayStats) -> dict[str, Any]:
+    return {
+        "requests": stats.requests,
+        "input_tokens": stats.input_tokens,
+        "output_tokens": stats.output_tokens,
+        "hit_tokens": stats.hit_tokens,
+        "token_hit_rate": stats.token_hit_rate,
+        "flops_saved": stats.flops_saved,
+        "flops_saved_ratio": stats.flops_saved_ratio,
+        "states_planned": stats.states_planned,
+        "uncached_requests": stats.uncached_requests,
+        "wall_s": stats.wall_s,
+        "tuning_s": stats.tuning_s,
+    }
