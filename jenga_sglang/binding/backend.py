@@ -1,0 +1,321 @@
+"""`JengaRadixCache`: our tree and policies behind SGLang's `BasePrefixCache` contract.
+
+Seam: a `BasePrefixCache` registered with `register_radix_cache_backend("jenga", ...)`, not a
+`UnifiedRadixCache` subclass. The scheduler's `isinstance(tree_cache, UnifiedRadixCache)`
+checks guard only HiCache, storage prefetch, the buffer pipeline and external linkers, which
+`--enable-jenga` rejects at start-up; every call on the normal path (match_prefix, checkpoint,
+lock/unlock, evict, size queries) goes through `BasePrefixCache`. A subclass would inherit a
+second tree (the TreeCore and its components) that would have to be kept empty and in step.
+
+The tree's KV pages *are* SGLang's KV slot indices and its SSM states are Mamba pool slots
+(`SlotMemory` adopts them); evicting gives them back to SGLang's allocators. Hits follow our
+per-layer-type rules: with a Mamba group a hit ends at a node that holds a checkpoint.
+
+Build it without a scheduler from the same `CacheInitParams` SGLang's `UnifiedRadixCache` takes
+(pools on device="cpu" work once `set_global_server_args_for_scheduler` was called):
+
+    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True))
+
+Insert follows SGLang's convention: `InsertResult.prefix_len` tokens were already cached and
+the caller frees its duplicate slots for them; `mamba_exist=True` means the state given was not
+taken (one already exists there) and the caller frees it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+from jenga_sglang.binding.options import JengaOptions
+from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
+from jenga_sglang.binding.slot_memory import SlotMemory
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.match import MatchResult as TreeMatch
+from jenga_sglang.radix.memory import PageKind, Pages, PageType
+from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no types
+    """SGLang prefix cache backed by jenga-sglang's heterogeneous radix tree.
+
+    Deterministic given the same call sequence (logical clock, no wall time), so every tensor-
+    parallel rank makes the same decisions. Supports page_size 1 and one attention group (full
+    attention, optionally beside Mamba layers); see docs/sglang.md for what remains.
+    """
+
+    def __init__(self, params: CacheInitParams, spec: ModelSpec, options: JengaOptions) -> None:
+        if params.page_size != 1:
+            raise NotImplementedError(
+                f"--enable-jenga supports --page-size 1, got {params.page_size}"
+            )
+        if len(spec.attention_groups) != 1:
+            raise NotImplementedError(
+                f"{spec.name}: {len(spec.attention_groups)} attention groups (sliding window); "
+                "the jenga backend drives one attention group in SGLang for now"
+            )
+        self.spec, self.options = spec, options
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = 1
+        self.disable = params.disable
+        self.device = torch.device(getattr(self.token_to_kv_pool_allocator, "device", "cpu"))
+        self.kv_type = PageType(PageKind.KV, spec.groups.index(spec.attention_groups[0]))
+        self.state_type = (
+            PageType(PageKind.STATE, spec.groups.index(spec.mamba_groups[0]))
+            if spec.has_mamba
+            else None
+        )
+        self.memory = SlotMemory(self._capacity(), self._page_bytes(), self._give_back)
+        self.cache = PrefixCache(
+            spec, self.memory, build_eviction(options), build_admission(options, spec)
+        )
+        self.tuner = build_tuner(options)
+        self.hit_tokens = 0
+        self.states_admitted = 0
+        if params.enable_metrics:
+            self.init_metrics_collector()
+
+    # ------------------------------------------------------------------ memory glue
+
+    def _capacity(self) -> dict[PageType, int]:
+        cap = {self.kv_type: int(self.token_to_kv_pool_allocator.size)}
+        if self.state_type is not None:
+            cap[self.state_type] = int(self.req_to_token_pool.mamba_pool.size)
+        return cap
+
+    def _page_bytes(self) -> dict[PageType, int]:
+        sizes = {self.kv_type: self.spec.attention_groups[0].kv_bytes_per_token}
+        if self.state_type is not None:
+            sizes[self.state_type] = self.spec.state_bytes
+        return sizes
+
+    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
+        index = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        if ptype == self.kv_type:
+            self.token_to_kv_pool_allocator.free(index)
+        else:
+            self.req_to_token_pool.mamba_allocator.free(index)
+
+    # ------------------------------------------------------------------ tree wrappers
+
+    @property
+    def root_node(self) -> Node:
+        return self.cache.tree.root
+
+    def reset(self) -> None:
+        if self.cache.tree.root.children:
+            raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
+
+    def _tokens(self, params_key: Any) -> TokenSeq | None:
+        if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
+            return None  # LoRA / salt namespaces are not modelled: never shared
+        return TokenSeq.of(params_key.token_ids[: len(params_key)])
+
+    def _empty(self) -> MatchResult:
+        root = self.root_node
+        return MatchResult(
+            device_prefix_len=0,
+            last_device_node=root,
+            last_host_node=root,
+            best_match_node=root,
+        )
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        tokens = None if self.disable else self._tokens(params.key)
+        if tokens is None:
+            return self._empty()
+        found = self.cache.match(tokens)
+        self.hit_tokens += found.length
+        node = found.node if found.node is not None else self.root_node
+        branch = self._branch_point(tokens, found)
+        return MatchResult(
+            device_prefix_len=found.length,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+            mamba_branching_seqlen=branch,
+            full_kv_hit_length=found.walk.length,
+        )
+
+    def _branch_point(self, tokens: TokenSeq, found: TreeMatch) -> int | None:
+        """The exact position our admission checkpoints during this prefill, if any."""
+        if self.state_type is None:
+            return None
+        plan = self.cache.plan(tokens, found, len(tokens))
+        inside = [p for p in plan.prefill_at if found.length < p <= len(tokens)]
+        return inside[0] if inside else None
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        tokens = None if self.disable or params.key is None else self._tokens(params.key)
+        if tokens is None:
+            return InsertResult(prefix_len=0)
+        if params.value is None or len(params.value) < len(tokens):
+            raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
+        tree = self.cache.tree
+        present = tree.walk(tokens).length
+        new_ids = params.value[present : len(tokens)].tolist()
+        kv = [self.memory.adopt(self.kv_type, new_ids)] if present < len(tokens) else []
+        if not kv:
+            kv = [self.memory.adopt(self.kv_type, [])]
+        states = self._adopt_state(tokens, params.mamba_value)
+        node = tree.insert(tokens, present, kv, states, self.cache.tick())
+        taken = bool(states) and node.state is not None and node.state is states[len(tokens)]
+        self.states_admitted += int(taken)
+        return InsertResult(
+            prefix_len=present,
+            total_len=len(tokens),
+            last_device_node=node,
+            mamba_exist=params.mamba_value is not None and not taken,
+        )
+
+    def _adopt_state(self, tokens: TokenSeq, mamba_value: torch.Tensor | None) -> dict[int, Pages]:
+        if mamba_value is None or self.state_type is None:
+            return {}
+        walk = self.cache.tree.walk(tokens)
+        last = walk.path[-1] if walk.path else None
+        if last is not None and last.end == len(tokens) and last.state is not None:
+            return {}  # already checkpointed there: the caller keeps (and frees) its slot
+        slot = int(mamba_value.reshape(-1)[0].item())
+        return {len(tokens): self.memory.adopt(self.state_type, [slot])}
+
+    # ------------------------------------------------------------------ locks and eviction
+
+    def _evictable_tokens(self) -> int:
+        return self.memory.usage(self.kv_type).evictable
+
+    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
+        before = self._evictable_tokens()
+        self.cache.tree.lock(None if node is self.root_node else node)
+        return IncLockRefResult(delta=self._evictable_tokens() - before)
+
+    def dec_lock_ref(self, node: Any, params: DecLockRefParams | None = None) -> DecLockRefResult:
+        before = self._evictable_tokens()
+        self.cache.tree.unlock(None if node is self.root_node else node)
+        return DecLockRefResult(delta=self._evictable_tokens() - before)
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        freed = dict(self.memory.freed_slots)
+        kv_goal, state_goal = params.num_tokens, params.mamba_num
+
+        def done() -> tuple[int, int]:
+            kv = self.memory.freed_slots[self.kv_type] - freed[self.kv_type]
+            st = 0
+            if self.state_type is not None:
+                st = self.memory.freed_slots[self.state_type] - freed[self.state_type]
+            return kv, st
+
+        while done()[0] < kv_goal or done()[1] < state_goal:
+            if not self.cache.tree.evict_for(
+                self.kv_type if done()[0] < kv_goal else self.state_type or self.kv_type
+            ):
+                break
+        kv, st = done()
+        return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
+
+    # ------------------------------------------------------------------ request path
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        """Insert the request's KV [0, up_to), repoint its row at the tree's slots, relock.
+
+        The Mamba state hand-over at checkpoints is not wired yet (docs/sglang.md): with a
+        Mamba group the KV is cached but no state, so no later hit can use it.
+        """
+        if self.disable:
+            return
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        token_ids = list(req.full_untruncated_fill_ids[:up_to])
+        key = _Key(token_ids)
+        result = self.insert(InsertParams(key=key, value=row[:up_to].to(torch.int64, copy=True)))
+        protected = req.kv.cache_protected_len
+        if result.prefix_len > protected:
+            self.token_to_kv_pool_allocator.free(row[protected : result.prefix_len].to(torch.int64))
+        node = result.last_device_node
+        path = self.path_device_indices(node)
+        self.req_to_token_pool.write(
+            (req.kv.req_pool_idx, slice(protected, len(path))), path[protected:]
+        )
+        req.kv.cache_protected_len = len(path)
+        self.unlock(req.lock)
+        req.lock = self.lock(node)
+        req.last_node = node
+        if self.tuner is not None and req.finished():
+            self.tuner.after_request(
+                self.cache, TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
+            )
+
+    def path_device_indices(self, node: Any) -> torch.Tensor:
+        ids: list[int] = []
+        if node is not self.root_node:
+            slot = self.cache.tree.kv_types.index(self.kv_type)
+            for n in node.path_from_root():
+                ids.extend(n.kv[slot].ids())
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    # ------------------------------------------------------------------ sizes and flags
+
+    def evictable_size(self) -> int:
+        return self._evictable_tokens()
+
+    def full_evictable_size(self) -> int:
+        return self._evictable_tokens()
+
+    def protected_size(self) -> int:
+        return self.memory.usage(self.kv_type).used
+
+    def full_protected_size(self) -> int:
+        return self.protected_size()
+
+    def mamba_evictable_size(self) -> int:
+        return 0 if self.state_type is None else self.memory.usage(self.state_type).evictable
+
+    def mamba_protected_size(self) -> int:
+        return 0 if self.state_type is None else self.memory.usage(self.state_type).used
+
+    def total_size(self) -> int:
+        return self.memory.held(self.kv_type)
+
+    def supports_mamba(self) -> bool:
+        return self.state_type is not None
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def pretty_print(self) -> None:
+        for node in self.cache.tree.nodes():
+            indent = "  " * len(node.path_from_root())
+            state = node.state is not None
+            print(f"{indent}[{node.start},{node.end}) lock={node.lock_ref} state={state}")
+
+    def sanity_check(self) -> None:
+        self.cache.check_integrity()
+
+
+class _Key:
+    """The part of SGLang's RadixKey that `insert` reads (checkpoint builds one per call)."""
+
+    extra_key = None
+
+    def __init__(self, token_ids: list[int]) -> None:
+        self.token_ids = token_ids
+
+    def __len__(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,45 @@
+"""The `jenga` radix-cache factory: model spec from SGLang's model config, then the backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jenga_sglang.binding.options import JengaOptions
+from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
+from jenga_sglang.models.spec import ModelSpec
+
+
+class UnsupportedModelError(NotImplementedError):
+    """`--enable-jenga` was asked for a model we cannot serve yet (named in the message)."""
+
+
+def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
+    """ModelSpec of this tensor-parallel rank's shard, from SGLang's ModelConfig.hf_config."""
+    hf = getattr(model_config, "hf_text_config", None) or model_config.hf_config
+    config = hf.to_dict() if hasattr(hf, "to_dict") else dict(hf)
+    archs = config.get("architectures") or getattr(model_config.hf_config, "architectures", None)
+    config["architectures"] = archs
+    try:
+        return spec_from_hf_config(config, tp_size=tp_size)
+    except ConfigError as exc:
+        raise UnsupportedModelError(
+            f"--enable-jenga: cannot serve architecture {archs}: {exc}. "
+            f"Supported: {', '.join(supported_architectures())}"
+        ) from None
+
+
+def build_tree_cache(ctx: Any) -> Any:
+    """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.plugin import options_of
+
+    options = options_of(ctx.server_args)
+    if not options.enabled:
+        options = JengaOptions(enabled=True)  # selected by --radix-cache-backend jenga alone
+    spec = spec_from_model_config(ctx.model_config, ctx.tp_size)
+    if ctx.is_hybrid_swa or any(g.window is not None for g in spec.attention_groups):
+        raise UnsupportedModelError(
+            f"--enable-jenga: {spec.name} has sliding-window layers; SGLang drops their slots "
+            "outside the window while a request runs, which the jenga backend does not track yet"
+        )
+    return JengaRadixCache(ctx.params, spec, options)

@@ -1,0 +1,132 @@
+"""Our command-line flags: definition, parsing and conflict checks (no sglang import).
+
+SGLang's `ServerArgs.from_cli_args` keeps only its own fields, so the plugin parses ours from the
+argparse namespace with `options_from_namespace` and carries them on the record as a bookkeeping
+attribute (`JENGA_ATTR`), which `ServerArgs.__reduce__` pickles into every scheduler process.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+BACKEND_NAME = "jenga"
+JENGA_ATTR = "_jenga_options"
+
+ADMISSIONS = ("jenga", "speculative", "every-block")
+EVICTIONS = ("jenga", "flop-aware", "lru")
+
+# Flags of SGLang that select another cache or a feature our backend does not implement.
+_CONFLICTS: tuple[tuple[str, str], ...] = (
+    ("disable_radix_cache", "--disable-radix-cache"),
+    ("enable_hierarchical_cache", "--enable-hierarchical-cache"),
+    ("enable_lmcache", "--enable-lmcache"),
+    ("enable_flexkv", "--enable-flexkv"),
+    ("enable_int8_mamba_checkpoint", "--enable-int8-mamba-checkpoint"),
+    ("enable_session_radix_cache", "--enable-session-radix-cache"),
+    ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker"),
+)
+
+
+class JengaFlagError(ValueError):
+    """Conflicting or malformed flags; the message names the flags."""
+
+
+@dataclass(frozen=True)
+class JengaOptions:
+    """What `--enable-jenga` and its options asked for.
+
+    `alpha` None means "auto" (online tuning); a float fixes the FLOP weight of eviction.
+    """
+
+    enabled: bool = False
+    admission: str = "jenga"
+    eviction: str = "jenga"
+    alpha: float | None = None
+
+
+def parse_alpha(text: str) -> float | None:
+    """`auto` or a non-negative float."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"--jenga-alpha: expected 'auto' or a float, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not value >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"--jenga-alpha must be >= 0, got {text!r}")
+    return value
+
+
+def add_jenga_args(parser: argparse.ArgumentParser) -> None:
+    """Add our flags to SGLang's parser (idempotent: a second call adds nothing)."""
+    if any("--enable-jenga" in action.option_strings for action in parser._actions):
+        return
+    group = parser.add_argument_group("jenga-sglang (hybrid-model prefix cache)")
+    group.add_argument(
+        "--enable-jenga",
+        action="store_true",
+        help="Use the jenga-sglang radix cache: exact SSM checkpoints at branch points and at "
+        "the last decoded token, FLOP-aware eviction. Selects --radix-cache-backend jenga.",
+    )
+    group.add_argument(
+        "--jenga-admission",
+        choices=ADMISSIONS,
+        default=None,
+        help="Which SSM states enter the cache: 'jenga' (branch points, skipping short ones, "
+        "and the last decoded token; default), 'speculative' (Marconi), 'every-block'.",
+    )
+    group.add_argument(
+        "--jenga-eviction",
+        choices=EVICTIONS,
+        default=None,
+        help="Eviction order: 'jenga' (FLOP-aware, superseded checkpoints first; default), "
+        "'flop-aware' (Marconi), 'lru'.",
+    )
+    group.add_argument(
+        "--jenga-alpha",
+        type=parse_alpha,
+        default=None,
+        metavar="auto|FLOAT",
+        help="Weight of FLOP efficiency against recency in eviction: 'auto' tunes it online "
+        "(default), a float fixes it.",
+    )
+
+
+def check_conflicts(args: argparse.Namespace) -> None:
+    """Raise JengaFlagError naming the flags when ours contradict SGLang's."""
+    enabled = bool(getattr(args, "enable_jenga", False))
+    if not enabled:
+        given = [
+            flag
+            for attr, flag in (
+                ("jenga_admission", "--jenga-admission"),
+                ("jenga_eviction", "--jenga-eviction"),
+                ("jenga_alpha", "--jenga-alpha"),
+            )
+            if getattr(args, attr, None) is not None
+        ]
+        if given:
+            raise JengaFlagError(f"{', '.join(given)} given without --enable-jenga")
+        return
+    for attr, flag in _CONFLICTS:
+        if getattr(args, attr, False):
+            raise JengaFlagError(f"--enable-jenga conflicts with {flag}")
+    backend = getattr(args, "radix_cache_backend", None)
+    if backend not in (None, BACKEND_NAME):
+        raise JengaFlagError(
+            f"--enable-jenga conflicts with --radix-cache-backend {backend} "
+            f"(it selects --radix-cache-backend {BACKEND_NAME})"
+        )
+
+
+def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
+    """Our options from a parsed namespace (after `check_conflicts`)."""
+    alpha = getattr(args, "jenga_alpha", None)
+    return JengaOptions(
+        enabled=bool(getattr(args, "enable_jenga", False)),
+        admission=getattr(args, "jenga_admission", None) or "jenga",
+        eviction=getattr(args, "jenga_eviction", None) or "jenga",
+        alpha=alpha if isinstance(alpha, float) else None,
+    )

@@ -1,0 +1,67 @@
+"""The SGLang plugin: entry point `jenga` in the group `sglang.srt.plugins`.
+
+SGLang calls `register()` in launch_server before it parses arguments and again in every
+scheduler process. It registers, through SGLang's own HookRegistry:
+
+* AFTER `ServerArgs.add_cli_args`: our flags join SGLang's parser (so `--help` lists them);
+* BEFORE `ServerArgs.from_cli_args`: conflicts fail with a message naming the flags, and
+  `--enable-jenga` selects `--radix-cache-backend jenga` in the namespace SGLang reads;
+* AFTER `ServerArgs.from_cli_args`: our options ride on the record as a bookkeeping attribute,
+  which `ServerArgs.__reduce__` pickles into the scheduler processes;
+
+and the radix-cache backend `jenga` (registered before parsing, so the flag accepts the name).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from jenga_sglang.binding.options import (
+    BACKEND_NAME,
+    JENGA_ATTR,
+    JengaOptions,
+    add_jenga_args,
+    check_conflicts,
+    options_from_namespace,
+)
+
+_SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+
+
+def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser, *a: Any, **k: Any) -> None:
+    add_jenga_args(parser)
+
+
+def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
+    check_conflicts(args)
+    if getattr(args, "enable_jenga", False):
+        args.radix_cache_backend = BACKEND_NAME
+
+
+def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
+    setattr(result, JENGA_ATTR, options_from_namespace(args))
+
+
+def options_of(server_args: Any) -> JengaOptions:
+    """Our options as carried on a ServerArgs record (defaults when the plugin did not parse)."""
+    found = getattr(server_args, JENGA_ATTR, None)
+    return found if isinstance(found, JengaOptions) else JengaOptions()
+
+
+def register() -> None:
+    """Entry point: idempotent, safe to call in every process."""
+    from sglang.srt.mem_cache.registry import (
+        register_radix_cache_backend,
+        registered_radix_cache_backends,
+    )
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from jenga_sglang.binding.factory import build_tree_cache
+
+    if BACKEND_NAME in registered_radix_cache_backends():
+        return
+    register_radix_cache_backend(BACKEND_NAME, build_tree_cache)
+    HookRegistry.register(f"{_SERVER_ARGS}.add_cli_args", _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _before_from_cli_args, HookType.BEFORE)
+    HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _after_from_cli_args, HookType.AFTER)

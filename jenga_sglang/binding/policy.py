@@ -1,0 +1,39 @@
+"""Admission, eviction and alpha tuner from our flags (framework-free)."""
+
+from __future__ import annotations
+
+from jenga_sglang.binding.options import JengaOptions
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
+from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
+from jenga_sglang.policies.bundles import min_branch_tokens
+from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
+from jenga_sglang.policies.tuning import AlphaTuner, SlidingTuner
+
+
+def build_admission(options: JengaOptions, spec: ModelSpec) -> AdmissionPolicy:
+    if options.admission == "jenga":
+        return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec))
+    if options.admission == "speculative":
+        return SpeculativeAdmission()
+    if options.admission == "every-block":
+        return EveryBlockAdmission()
+    raise ValueError(f"--jenga-admission: unknown policy {options.admission!r}")
+
+
+def build_eviction(options: JengaOptions) -> EvictionPolicy:
+    alpha = options.alpha or 0.0  # auto starts at 0 (Marconi: 0 until the first eviction)
+    if options.eviction == "jenga":
+        return JengaEviction(alpha)
+    if options.eviction == "flop-aware":
+        return FlopAwareEviction(alpha)
+    if options.eviction == "lru":
+        return LruEviction()
+    raise ValueError(f"--jenga-eviction: unknown policy {options.eviction!r}")
+
+
+def build_tuner(options: JengaOptions) -> AlphaTuner | None:
+    """Online tuning only when alpha is 'auto' and the eviction reads alpha."""
+    if options.alpha is not None or options.eviction == "lru":
+        return None
+    return SlidingTuner()
