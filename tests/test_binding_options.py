@@ -1,0 +1,76 @@
+"""Our flags, conflict checks and model-spec errors, without sglang (fast)."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+import pytest
+
+from jenga_sglang.binding.factory import UnsupportedModelError, spec_from_model_config
+from jenga_sglang.binding.options import (
+    JengaFlagError,
+    JengaOptions,
+    add_jenga_args,
+    check_conflicts,
+    options_from_namespace,
+)
+from jenga_sglang.models import preset_config
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument("--radix-cache-backend", default=None)
+    add_jenga_args(parser)
+    add_jenga_args(parser)  # idempotent
+    return parser.parse_args(list(argv))
+
+
+def test_defaults_and_values() -> None:
+    assert options_from_namespace(_parse()) == JengaOptions()
+    ns = _parse("--enable-jenga", "--jenga-alpha", "0.25", "--jenga-admission", "speculative")
+    check_conflicts(ns)
+    assert options_from_namespace(ns) == JengaOptions(True, "speculative", "jenga", 0.25)
+    assert options_from_namespace(_parse("--enable-jenga", "--jenga-alpha", "auto")).alpha is None
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "fast"])
+def test_bad_alpha_is_rejected(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--enable-jenga", "--jenga-alpha", bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("--enable-jenga", "--disable-radix-cache"), "--disable-radix-cache"),
+        (("--enable-jenga", "--radix-cache-backend", "flexkv"), "--radix-cache-backend flexkv"),
+        (("--jenga-eviction", "lru"), "--jenga-eviction given without --enable-jenga"),
+    ],
+)
+def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
+    with pytest.raises(JengaFlagError, match=named):
+        check_conflicts(_parse(*argv))
+
+
+def test_explicit_jenga_backend_is_no_conflict() -> None:
+    check_conflicts(_parse("--enable-jenga", "--radix-cache-backend", "jenga"))
+
+
+def _model_config(config: dict[str, object]) -> SimpleNamespace:
+    return SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: dict(config)))
+
+
+def test_spec_from_sglang_model_config_shards_per_rank() -> None:
+    config = preset_config("nemotron-h-8b")
+    one = spec_from_model_config(_model_config(config), tp_size=1)
+    two = spec_from_model_config(_model_config(config), tp_size=2)
+    assert one.has_mamba and two.state_bytes * 2 == one.state_bytes
+    assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
+
+
+def test_unsupported_architecture_is_named() -> None:
+    config = {"architectures": ["JambaForCausalLM"], "hidden_size": 64}
+    with pytest.raises(UnsupportedModelError, match="JambaForCausalLM"):
+        spec_from_model_config(_model_config(config), tp_size=1)

@@ -1,0 +1,79 @@
+"""Plugin discovery and flags through SGLang's own launch path, in fresh processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+_PROBE = textwrap.dedent(
+    """
+    import multiprocessing as mp
+    import pickle
+    import sys
+
+    from sglang.srt.plugins import load_plugins
+
+
+    def scheduler_side(blob, queue):
+        # A fresh (spawned) process, like SGLang's scheduler: plugins load again.
+        load_plugins()
+        from sglang.srt.mem_cache.registry import get_radix_cache_factory
+        args = pickle.loads(blob)
+        queue.put((args.radix_cache_backend, repr(args._jenga_options),
+                   get_radix_cache_factory("jenga") is not None))
+
+
+    if __name__ == "__main__":
+        load_plugins()
+        from sglang.srt.server_args import prepare_server_args
+        args = prepare_server_args(["--model-path", "dummy", "--enable-jenga",
+                                    "--jenga-alpha", "0.5", "--jenga-eviction", "flop-aware"])
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=scheduler_side, args=(pickle.dumps(args), queue))
+        child.start()
+        print("CHILD", queue.get(timeout=120))
+        child.join()
+        for argv in (["--enable-jenga", "--disable-radix-cache"],
+                     ["--enable-jenga", "--radix-cache-backend", "jenga"]):
+            try:
+                prepare_server_args(["--model-path", "dummy", *argv])
+                print("OK", argv)
+            except ValueError as exc:
+                print("ERROR", exc)
+    """
+)
+
+
+def _run(args: list[str], tmp_path: Path) -> str:
+    # cwd is a clean folder: a stray module in the caller's cwd must not shadow the stdlib.
+    out = subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_flags_in_help(tmp_path: Path) -> None:
+    text = _run(["-m", "sglang.launch_server", "--help"], tmp_path)
+    for flag in ("--enable-jenga", "--jenga-admission", "--jenga-eviction", "--jenga-alpha"):
+        assert flag in text
+    assert "FLOP efficiency against recency" in text
+
+
+def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(_PROBE)
+    text = _run([str(probe)], tmp_path)
+    assert (
+        "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
+        "eviction='flop-aware', alpha=0.5)\", True)"
+    ) in text
+    assert "ERROR --enable-jenga conflicts with --disable-radix-cache" in text
+    assert "OK ['--enable-jenga', '--radix-cache-backend', 'jenga']" in text
