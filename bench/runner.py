@@ -22,7 +22,7 @@ from jenga_sglang.bench.sglang_run import NATIVE_POLICIES, run_native, validate_
 from jenga_sglang.bench.trace import load_trace
 from jenga_sglang.models.presets import get_spec, preset_names
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.bundles import BUNDLES, build_cache, byte_budget
+from jenga_sglang.policies.bundles import build_cache, bundle, byte_budget
 from jenga_sglang.radix.memory import CacheMemory
 
 GB = 10**9
@@ -57,9 +57,11 @@ def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad field (before any trace is loaded)."""
     if config.policy in NATIVE_POLICIES:  # SGLang's own cache (bench/sglang_run.py)
         validate_native(config.policy, config.mode, config.memory)
-    elif config.policy not in BUNDLES:
-        known = ", ".join((*BUNDLES, *NATIVE_POLICIES))
-        raise ValueError(f"unknown policy {config.policy!r}; known: {known}")
+    else:
+        try:
+            bundle(config.policy)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, {', '.join(NATIVE_POLICIES)}") from None
     if config.model not in preset_names():
         raise ValueError(f"unknown model {config.model!r}; known: {', '.join(preset_names())}")
     if config.mode not in MODES:

@@ -19,28 +19,41 @@ from jenga_sglang.policies.base import AdmissionPolicy, Branch, CheckpointPlan
 
 
 class SpeculativeAdmission(AdmissionPolicy):
-    """Marconi's admission; `min_branch_tokens` > 0 skips branch points shorter than that.
+    """Marconi's admission, optionally stricter about short branch points.
 
-    A checkpoint at a short shared prefix (a chat template's opening tokens, a common first
-    word) saves a handful of tokens per hit but costs a whole state: with marconi-7b one state
-    weighs as much as 409 tokens of KV. `jenga` sets the bound from the model spec.
+    With `min_branch_tokens` > 0, a branch shorter than that is checkpointed only where the tree
+    already holds at least `short_branch_fanout` continuations (a node end with that many
+    children): a chat template's opening tokens or a common first word are shared by almost
+    every conversation, but a checkpoint there saves a handful of tokens per hit and costs a
+    whole state (as much as 409 tokens of KV with marconi-7b), so it must be popular to pay off.
     """
 
-    def __init__(self, max_states: int = 2, min_branch_tokens: int = 0) -> None:
+    def __init__(
+        self, max_states: int = 2, min_branch_tokens: int = 0, short_branch_fanout: int = 2
+    ) -> None:
         if max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {max_states}")
-        if min_branch_tokens < 0:
-            raise ValueError(f"min_branch_tokens must be >= 0, got {min_branch_tokens}")
+        if min_branch_tokens < 0 or short_branch_fanout < 1:
+            raise ValueError(
+                f"need min_branch_tokens >= 0 and short_branch_fanout >= 1, got "
+                f"{min_branch_tokens}, {short_branch_fanout}"
+            )
         self.max_states = max_states
         self.min_branch_tokens = min_branch_tokens
+        self.short_branch_fanout = short_branch_fanout
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         prefill: tuple[int, ...] = ()
-        long_enough = branch.length >= max(1, self.min_branch_tokens)
-        wants_branch = long_enough and not branch.checkpointed
-        if wants_branch and hit_len < branch.length <= input_len and self.max_states >= 2:
+        if self._wants(branch) and hit_len < branch.length <= input_len and self.max_states >= 2:
             prefill = (branch.length,)
         return CheckpointPlan(prefill_at=prefill, finish_at=(total_len,), cache_len=total_len)
+
+    def _wants(self, branch: Branch) -> bool:
+        if branch.length == 0 or branch.checkpointed:
+            return False
+        if branch.length >= self.min_branch_tokens:
+            return True
+        return branch.at_node_end and branch.fanout >= self.short_branch_fanout
 
 
 class EveryBlockAdmission(AdmissionPolicy):

@@ -23,9 +23,9 @@ class EvictionPolicy(ABC):
     * `refresh(path, now)` on a cache hit: the policy decides which nodes' last_access moves;
     * `victim()` returns an evictable node (lock_ref == 0, not the root) or None.
 
-    A victim is either a leaf (the tree frees everything it holds) or a node with exactly one
-    child that holds an SSM checkpoint (the tree drops the checkpoint and merges the node into its
-    child, which absorbs its KV). A policy must only return nodes of those two shapes.
+    A victim is either a leaf (the tree frees everything it holds) or an inner node that holds an
+    SSM checkpoint (the tree drops the checkpoint; a node with one child then merges into it,
+    which absorbs its KV). A policy must only return nodes of those two shapes.
     """
 
     #: Weight of FLOP efficiency against recency; 0 means recency only.
@@ -92,10 +92,12 @@ class Branch:
     """Result of a speculative insertion: where a sequence would leave the tree.
 
     `length` is the number of leading tokens already in the tree. `at_node_end` is True when that
-    point is the end of an existing node (inserting would create no new intermediate node), and
-    `checkpointed` whether that node holds an SSM state.
+    point is the end of an existing node (inserting would create no new intermediate node),
+    `checkpointed` whether that node holds an SSM state, and `fanout` how many continuations the
+    tree already holds there (the node's children at a node end; 1 in the middle of an edge).
     """
 
     length: int
     at_node_end: bool
     checkpointed: bool
+    fanout: int = 1

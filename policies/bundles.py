@@ -45,7 +45,7 @@ def _every_block(spec: ModelSpec) -> AdmissionPolicy:
 
 
 def _jenga_admission(spec: ModelSpec) -> AdmissionPolicy:
-    return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec))
+    return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec), short_branch_fanout=2)
 
 
 BUNDLES: dict[str, Bundle] = {
@@ -85,10 +85,28 @@ BUNDLES: dict[str, Bundle] = {
 
 
 def bundle(name: str) -> Bundle:
+    """A bundle by name; `marconi@A` is Marconi's bundle with alpha fixed to A (no tuning), the
+    building block of the per-configuration hindsight oracle."""
+    base, sep, alpha_text = name.partition("@")
+    if sep and base == "marconi":
+        try:
+            alpha = float(alpha_text)
+        except ValueError:
+            raise ValueError(f"bad alpha in policy {name!r}: expected marconi@<float>") from None
+        if alpha < 0:
+            raise ValueError(f"bad alpha in policy {name!r}: alpha must be >= 0")
+        return Bundle(
+            name,
+            f"marconi with alpha fixed to {alpha}",
+            _speculative,
+            lambda: FlopAwareEviction(alpha),
+            lambda: None,
+        )
     try:
         return BUNDLES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(BUNDLES)}") from None
+        known = ", ".join([*BUNDLES, "marconi@<alpha>"])
+        raise ValueError(f"unknown policy {name!r}; known: {known}") from None
 
 
 def byte_budget(spec: ModelSpec, cache_bytes: int) -> ByteBudget:

@@ -163,20 +163,31 @@ class FlopAwareEviction(EvictionPolicy):
 class JengaEviction(FlopAwareEviction):
     """FLOP-aware eviction that first drops superseded checkpoints.
 
-    A one-child node holding a state is, in a multi-turn session, almost always the end of an
-    earlier turn: the session has since continued below it and its next turn will hit the
-    deeper checkpoint. Such a state only pays off if some request resumes exactly there again,
-    which is rare, while it costs as much as hundreds of tokens of KV. So these candidates go
-    first (least recently used among them), and Marconi's utility ranks the leaves. Dropping one
-    keeps every token's KV (the child absorbs it), so no hit on the continuation is lost.
+    Candidates are unlocked leaves and unlocked inner nodes holding a state.
+
+    * A one-child node with a state is, in a multi-turn session, almost always the end of an
+      earlier turn: the session has since continued below it and its next turn will hit the
+      deeper checkpoint. Its state only pays off if some request resumes exactly there again,
+      which is rare, while it costs as much as hundreds of tokens of KV. These go first (least
+      recently used among them). Dropping one keeps every token's KV (the child absorbs it), so
+      no hit on the continuation is lost.
+    * A branch point with several children and a state competes with the leaves under Marconi's
+      utility: only its state can go (the branch and its KV stay), so a checkpoint on a popular
+      junction survives while it is hit, and an unpopular one does not pin a state forever.
     """
 
     def __init__(self, alpha: float = 0.0) -> None:
         super().__init__(alpha)
         self._superseded = Ranked()
 
+    @staticmethod
+    def is_candidate(node: Node) -> bool:
+        if node.lock_ref or node.parent is None:
+            return False
+        return node.is_leaf or node.state is not None
+
     def update(self, node: Node) -> None:
-        if self.is_candidate(node) and not node.is_leaf:
+        if self.is_candidate(node) and len(node.children) == 1:
             super().remove(node)
             self._superseded.put(node, node.last_access)
         else:

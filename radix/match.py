@@ -24,7 +24,8 @@ class Walk:
             return Branch(length=0, at_node_end=True, checkpointed=True)
         last = self.path[-1]
         at_end = last.end == self.length
-        return Branch(self.length, at_end, at_end and last.state is not None)
+        fanout = len(last.children) if at_end else 1
+        return Branch(self.length, at_end, at_end and last.state is not None, fanout)
 
 
 @dataclass(frozen=True)

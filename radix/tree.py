@@ -327,16 +327,26 @@ class RadixTree:
             self.policy.update(parent)
 
     def drop_state(self, node: Node) -> None:
-        """Evict a one-child node's checkpoint; its child absorbs its edge and KV (Marconi)."""
-        if node.lock_ref or len(node.children) != 1 or node.state is None:
+        """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
+
+        With one child the node disappears: the child absorbs its edge and KV (Marconi). With
+        more children the node stays as the branch point, without a state.
+        """
+        if node.lock_ref or node.is_leaf or node.state is None:
             raise ValueError(
-                f"cannot drop the state of {node!r}: needs an unlocked node with "
-                "one child and a checkpoint"
+                f"cannot drop the state of {node!r}: needs an unlocked inner node with a checkpoint"
             )
         assert self.state_type is not None and node.parent is not None
         self.memory.free_evictable(self.state_type, node.state)
         node.state = None
         self.evicted_states += 1
+        if len(node.children) == 1:
+            self._merge_into_child(node)
+        else:
+            self.policy.update(node)
+
+    def _merge_into_child(self, node: Node) -> None:
+        assert node.parent is not None
         (child,) = node.children.values()
         for slot, ptype in enumerate(self.kv_types):
             if child.tombstones[slot]:

@@ -39,10 +39,18 @@ def test_speculative_admission_plans_exact_branch_positions(branch, hit, expecte
     assert len(plan.positions) <= 2
 
 
-def test_min_branch_skips_short_shared_prefixes():
-    admission = SpeculativeAdmission(min_branch_tokens=10)
-    assert admission.plan(Branch(9, False, False), 60, 90, 0).prefill_at == ()
-    assert admission.plan(Branch(10, False, False), 60, 90, 0).prefill_at == (10,)
+@pytest.mark.parametrize(
+    ("branch", "expected"),
+    [
+        (Branch(9, False, False), ()),  # short, mid-edge: only a second occurrence
+        (Branch(9, True, False, fanout=1), ()),  # short, one continuation so far
+        (Branch(9, True, False, fanout=2), (9,)),  # short but popular: a third continuation
+        (Branch(10, False, False), (10,)),  # long enough
+    ],
+)
+def test_short_branches_are_checkpointed_only_where_popular(branch, expected):  # type: ignore[no-untyped-def]
+    admission = SpeculativeAdmission(min_branch_tokens=10, short_branch_fanout=2)
+    assert admission.plan(branch, 60, 90, 0).prefill_at == expected
 
 
 def test_every_block_checkpoints_whole_blocks_only():
@@ -136,6 +144,34 @@ def test_jenga_eviction_drops_superseded_checkpoints_before_any_leaf():
     cache.tree.evict_for(cache.tree.kv_types[0])
     assert cache.tree.match(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)).length == 9  # turn 1 still hits
     cache.check_integrity()
+
+
+def test_jenga_eviction_drops_a_branch_state_but_keeps_the_branch():
+    cache = make_cache(hybrid_spec(), eviction=JengaEviction(alpha=0.0))
+    for i, tail in enumerate((50, 60, 70)):  # three continuations of one 5-token prefix
+        cache.serve(seq(0, 5).concat(toks(tail, tail + 1)), toks(tail + 2), owner=i)
+    junction = node_at(cache, 0, 1, 2, 3, 4)
+    assert junction is not None and junction.state is not None and len(junction.children) == 3
+    for leaf in [n for n in cache.tree.nodes() if n.is_leaf]:
+        leaf.last_access = 100 + leaf.id  # make the junction the least recent candidate
+        cache.eviction.update(leaf)
+    assert cache.eviction.victim() is junction
+    cache.tree.evict_for(cache.tree.kv_types[0])
+    assert junction.state is None and junction.parent is not None  # branch and KV stay
+    assert len(junction.children) == 3 and len(junction.kv[0]) == 5
+    assert cache.tree.match(seq(0, 5).concat(toks(60, 61, 62, 9))).length == 8
+    cache.check_integrity()
+
+
+def test_marconi_with_a_fixed_alpha_is_a_bundle():
+    b = bundle("marconi@0.3")
+    assert b.tuner() is None
+    eviction = b.eviction()
+    assert isinstance(eviction, FlopAwareEviction) and eviction.alpha == 0.3
+    with pytest.raises(ValueError, match="alpha"):
+        bundle("marconi@x")
+    with pytest.raises(ValueError, match="alpha"):
+        bundle("marconi@-1")
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 1.5, 4.0])
