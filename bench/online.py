@@ -1,0 +1,389 @@
+"""`jenga-bench online`: replay a trace's sessions against an OpenAI-compatible chat server.
+
+    jenga-bench online --url http://127.0.0.1:30000 --trace T.jsonl.gz --max-requests 20 --json
+
+Each session of the trace becomes one conversation: its turns are sent in order, each with the
+whole history (earlier user messages and the server's own replies), so the server sees the same
+growing prefix a chat application sends. Requests stream (TTFT = time to the first content
+chunk), decode greedily (temperature 0) and ask for the usage report, whose
+``prompt_tokens_details.cached_tokens`` is the prefix the server's cache served.
+
+Trace token ids are not text, and they belong to whatever tokenizer built the trace, not the
+served model's. The user message of a turn is therefore made from the ids the turn adds to the
+conversation: one word of a fixed list per id (``id % len(WORDS)``). Equal ids give equal words,
+so prefixes shared in the trace stay shared in text, turn lengths follow the trace in words, and
+no tokenizer is needed. Replies are the server's, capped by the trace's output length.
+
+Bounds: ``--max-requests`` requests in all, nothing new sent after ``--max-seconds``, and no
+request outlives that deadline. Sessions run ``--concurrency`` at a time, each turn after the
+previous one's reply (closed loop; arrival times are not replayed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+WORDS = [
+    "cache",
+    "state",
+    "token",
+    "prefix",
+    "model",
+    "layer",
+    "memory",
+    "page",
+    "slot",
+    "turn",
+    "user",
+    "reply",
+    "server",
+    "query",
+    "answer",
+    "fast",
+    "small",
+    "large",
+    "first",
+    "last",
+    "next",
+    "shared",
+    "branch",
+    "checkpoint",
+    "attention",
+    "mamba",
+    "scan",
+    "chunk",
+    "block",
+    "tree",
+    "node",
+    "leaf",
+    "root",
+    "path",
+    "hit",
+    "miss",
+    "evict",
+    "keep",
+    "store",
+    "load",
+    "copy",
+    "move",
+    "read",
+    "write",
+    "time",
+    "cost",
+]
+
+
+class OnlineError(RuntimeError):
+    """A malformed server reply (bad JSON, missing fields, error status)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One request to send: the new user text and the reply length to ask for."""
+
+    session_id: int
+    turn_id: int
+    user_text: str
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """What one request measured; ``error`` is set (and the counts are 0) when it failed."""
+
+    session_id: int
+    turn_index: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    text: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineConfig:
+    """Client settings; ``model`` None asks the server's /v1/models for the first model."""
+
+    url: str
+    max_requests: int = 50
+    max_seconds: float = 120.0
+    concurrency: int = 4
+    max_user_words: int = 128
+    max_output_tokens: int = 32
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "concurrency", "max_user_words", "max_output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+
+
+def words_for(ids: Sequence[int], limit: int) -> str:
+    """Text for trace ids: one word per id, at most ``limit`` words (never empty)."""
+    text = " ".join(WORDS[i % len(WORDS)] for i in ids[:limit])
+    return text or WORDS[0]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def sessions_from_trace(path: str, config: OnlineConfig) -> list[list[Turn]]:
+    """Sessions (in order of first arrival) as turns with the user text each turn adds.
+
+    A turn's new ids are its input past the previous turn's input + output when that is a prefix
+    of it, otherwise past the longest common prefix with it (agent traces may rewrite history).
+    """
+    from jenga_sglang.bench.trace import load_trace
+
+    sessions: dict[int, list[Turn]] = {}
+    seen: dict[int, list[int]] = {}
+    for r in load_trace(path):
+        before = seen.get(r.session_id, [])
+        new = r.input_tokens[_common_prefix(before, r.input_tokens) :]
+        turns = sessions.setdefault(r.session_id, [])
+        max_tokens = max(1, min(r.num_output_tokens, config.max_output_tokens))
+        user = words_for(new, config.max_user_words)
+        turns.append(Turn(r.session_id, r.turn_id, user, max_tokens))
+        seen[r.session_id] = r.input_tokens + r.output_tokens
+    return list(sessions.values())
+
+
+def _usage(chunk: dict[str, Any]) -> tuple[int, int, int] | None:
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+    return int(usage["prompt_tokens"]), int(cached or 0), int(usage["completion_tokens"])
+
+
+def _delta_text(chunk: dict[str, Any]) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    delta = choices[0].get("delta") or {}
+    return str(delta.get("content") or "")
+
+
+@dataclass
+class _Run:
+    """Shared state of one replay: the request budget and the deadline."""
+
+    config: OnlineConfig
+    model: str
+    deadline: float
+    sent: int = 0
+    results: list[TurnResult] = field(default_factory=list)
+
+    def has_budget(self) -> bool:
+        return self.sent < self.config.max_requests and time.monotonic() < self.deadline
+
+    def take(self) -> bool:
+        """Claim one request of the budget; False once the budget or the time is spent."""
+        if not self.has_budget():
+            return False
+        self.sent += 1
+        return True
+
+
+async def _stream_chat(
+    session: Any, run: _Run, messages: list[dict[str, str]], result: TurnResult, max_tokens: int
+) -> None:
+    """Send one streaming chat request and fill ``result`` from its chunks."""
+    import aiohttp
+
+    body = {
+        "model": run.model,
+        "messages": messages,
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.monotonic()
+    timeout = aiohttp.ClientTimeout(total=max(0.001, run.deadline - start))
+    url = run.config.url.rstrip("/") + "/v1/chat/completions"
+    parts: list[str] = []
+    async with session.post(url, json=body, timeout=timeout) as resp:
+        if resp.status != 200:
+            raise OnlineError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for raw in resp.content:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise OnlineError(f"bad stream chunk {data[:80]!r}: {exc.msg}") from None
+            if "error" in chunk:
+                raise OnlineError(f"server error: {chunk['error']}")
+            piece = _delta_text(chunk)
+            if piece and result.ttft_s is None:
+                result.ttft_s = time.monotonic() - start
+            parts.append(piece)
+            usage = _usage(chunk)
+            if usage is not None:
+                result.prompt_tokens, result.cached_tokens, result.completion_tokens = usage
+    result.latency_s = time.monotonic() - start
+    result.text = "".join(parts)
+    if result.prompt_tokens == 0:
+        raise OnlineError("the stream ended without a usage report")
+
+
+async def _run_session(session: Any, run: _Run, turns: list[Turn]) -> None:
+    """Send one session's turns in order, keeping the history; stop at the first failure."""
+    messages: list[dict[str, str]] = []
+    for index, turn in enumerate(turns):
+        if not run.take():
+            return
+        messages.append({"role": "user", "content": turn.user_text})
+        result = TurnResult(turn.session_id, index)
+        run.results.append(result)
+        try:
+            await _stream_chat(session, run, messages, result, turn.max_tokens)
+        except (TimeoutError, OnlineError, OSError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            return
+        messages.append({"role": "assistant", "content": result.text})
+
+
+async def _first_model(session: Any, url: str) -> str:
+    async with session.get(url.rstrip("/") + "/v1/models") as resp:
+        if resp.status != 200:
+            raise OnlineError(f"GET /v1/models: HTTP {resp.status}")
+        data = await resp.json()
+    models = data.get("data") or []
+    if not models:
+        raise OnlineError("GET /v1/models listed no model")
+    return str(models[0]["id"])
+
+
+async def replay(sessions: list[list[Turn]], config: OnlineConfig) -> list[TurnResult]:
+    """Replay ``sessions`` against the server; returns one result per request sent."""
+    import aiohttp
+
+    deadline = time.monotonic() + config.max_seconds
+    async with aiohttp.ClientSession() as session:
+        model = config.model or await _first_model(session, config.url)
+        run = _Run(config, model, deadline)
+        queue = list(reversed(sessions))
+
+        async def worker() -> None:
+            while queue and run.has_budget():
+                await _run_session(session, run, queue.pop())
+
+        await asyncio.gather(*(worker() for _ in range(config.concurrency)))
+    return run.results
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
+    """One JSON-able summary: totals, cached tokens and TTFT by turn index, and every request.
+
+    ``outputs_sha256`` hashes the replies in (session, turn) order, so two runs of the same
+    trace with greedy decoding can be compared for identical outputs with one field.
+    """
+    ok = [r for r in results if r.error is None]
+    by_turn: dict[int, list[TurnResult]] = {}
+    for r in ok:
+        by_turn.setdefault(r.turn_index, []).append(r)
+    per_turn = [
+        {
+            "turn": t,
+            "requests": len(rs),
+            "prompt_tokens": sum(r.prompt_tokens for r in rs),
+            "cached_tokens": sum(r.cached_tokens for r in rs),
+            "mean_ttft_s": _mean([r.ttft_s for r in rs if r.ttft_s is not None]),
+        }
+        for t, rs in sorted(by_turn.items())
+    ]
+    ordered = sorted(ok, key=lambda r: (r.session_id, r.turn_index))
+    digest = hashlib.sha256("\x00".join(r.text for r in ordered).encode("utf-8")).hexdigest()
+    ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "sessions": len({r.session_id for r in results}),
+        "wall_s": round(wall_s, 3),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_ratio": cached / prompt if prompt else 0.0,
+        "mean_ttft_s": _mean(ttfts),
+        "p50_ttft_s": ttfts[len(ttfts) // 2] if ttfts else None,
+        "per_turn": per_turn,
+        "outputs_sha256": digest,
+        "records": [asdict(r) for r in ordered] + [asdict(r) for r in results if r.error],
+    }
+
+
+def run_online(trace: str, config: OnlineConfig) -> dict[str, Any]:
+    """Load ``trace``, replay it against ``config.url`` and return the summary."""
+    sessions = sessions_from_trace(trace, config)
+    start = time.monotonic()
+    results = asyncio.run(replay(sessions, config))
+    return summarize(results, time.monotonic() - start)
+
+
+def add_online_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Mount ``online`` on the ``jenga-bench`` sub-parsers; sets ``func`` to :func:`cmd_online`."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "online", help="replay trace sessions against an OpenAI-compatible chat server"
+    )
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--trace", required=True, help="JSONL trace (.gz / .xz accepted)")
+    p.add_argument("--max-requests", type=int, default=50, help="requests in all (default 50)")
+    p.add_argument("--max-seconds", type=float, default=120.0, help="time budget (default 120)")
+    p.add_argument("--concurrency", type=int, default=4, help="sessions at a time (default 4)")
+    p.add_argument("--max-user-words", type=int, default=128, help="words per user message")
+    p.add_argument("--max-output-tokens", type=int, default=32, help="reply tokens at most")
+    p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument("--json", action="store_true", help="print the whole summary as one line")
+    p.set_defaults(func=cmd_online)
+    return p
+
+
+def cmd_online(args: argparse.Namespace) -> int:
+    """Run the replay; exit 1 when any request failed. Bad arguments raise ValueError."""
+    config = OnlineConfig(
+        url=args.url,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        concurrency=args.concurrency,
+        max_user_words=args.max_user_words,
+        max_output_tokens=args.max_output_tokens,
+        model=args.model,
+    )
+    summary = run_online(args.trace, config)
+    if args.json:
+        print(json.dumps(summary, separators=(",", ":")))
+    else:
+        brief = {k: v for k, v in summary.items() if k != "records"}
+        print(json.dumps(brief, indent=2))
+    return 1 if summary["errors"] else 0
