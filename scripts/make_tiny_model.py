@@ -75,6 +75,7 @@ def model_config(vocab_size: int) -> dict[str, Any]:
         "mamba_num_heads": 4,
         "mamba_head_dim": 32,
         "mamba_n_groups": 1,
+        "n_groups": 1,  # SGLang's state shape reads n_groups, its config init mamba_n_groups
         "mamba_d_conv": 4,
         "mamba_expand": 2,
         "mamba_hidden_act": "silu",

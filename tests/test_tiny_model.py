@@ -1,0 +1,93 @@
+"""scripts/make_tiny_model.py: the tiny NemotronH loads offline with transformers/safetensors."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may come from a hub
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    return out, _script().make_tiny_model(out, seed=0)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tokenizer_loads_offline_with_chat_template(tiny: tuple[Path, dict[str, Any]]) -> None:
+    from transformers import AutoTokenizer
+
+    out, summary = tiny
+    tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    config = json.loads((out / "config.json").read_text())
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (
+        config["pad_token_id"],
+        config["bos_token_id"],
+        config["eos_token_id"],
+    )
+    assert len(tok) == summary["tokenizer_vocab"] <= config["vocab_size"]
+    text = "The cache keeps the state, 42 times: déjà vu!"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text  # byte-level: every string round-trips
+    assert len(ids) < len(text.encode())  # trained merges compress the built-in words
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert prompt == "<s><|user|>hi</s><|assistant|>yo</s><|assistant|>"
+    chat_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert chat_ids[0] == tok.bos_token_id and tok.convert_ids_to_tokens(chat_ids[1]) == "<|user|>"
+
+
+def test_weights_match_the_nemotron_h_layout_and_run(tiny: tuple[Path, dict[str, Any]]) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out, summary = tiny
+    config = AutoConfig.from_pretrained(str(out), local_files_only=True)
+    assert config.model_type == "nemotron_h"
+    assert len(config.layers_block_type) == 4 and config.hidden_size == 64
+    model, info = AutoModelForCausalLM.from_pretrained(
+        str(out), local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert sum(p.numel() for p in model.parameters()) == summary["params"]
+    ids = torch.tensor([[1, 3, 40, 41, 42, 43, 2, 4]])
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, 8, config.vocab_size)
+    assert torch.isfinite(logits).all()
+    # Random weights, yet the next token depends on the input (not a constant model).
+    assert len(set(logits[0].argmax(-1).tolist())) > 1
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(
+    tiny: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    out, _ = tiny
+    script = _script()
+    again, other = tmp_path / "again", tmp_path / "other"
+    script.make_tiny_model(again, seed=0)
+    script.make_tiny_model(other, seed=1)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        assert _digest(out / name) == _digest(again / name), name
+    assert _digest(out / "model.safetensors") != _digest(other / "model.safetensors")
+    assert _digest(out / "tokenizer.json") == _digest(other / "tokenizer.json")
