@@ -65,9 +65,10 @@ def test_weights_match_the_nemotron_h_layout_and_run(tiny: tuple[Path, dict[str,
     config = AutoConfig.from_pretrained(str(out), local_files_only=True)
     assert config.model_type == "nemotron_h"
     assert len(config.layers_block_type) == 4 and config.hidden_size == 64
-    model, info = AutoModelForCausalLM.from_pretrained(
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
         str(out), local_files_only=True, output_loading_info=True
     )
+    model, info = loaded
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert sum(p.numel() for p in model.parameters()) == summary["params"]
     ids = torch.tensor([[1, 3, 40, 41, 42, 43, 2, 4]])
