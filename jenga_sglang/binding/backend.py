@@ -40,6 +40,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+from jenga_sglang.binding.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
 from jenga_sglang.binding.slot_memory import SlotMemory
@@ -86,10 +88,40 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )
         self.tuner = build_tuner(options)
+        self.handover = (
+            StateHandOver(
+                self.req_to_token_pool, params.enable_mamba_extra_buffer, self._evict_states
+            )
+            if self.state_type is not None
+            else None
+        )
         self.hit_tokens = 0
         self.states_admitted = 0
+        self.metrics: JengaMetrics | None = None
         if params.enable_metrics:
             self.init_metrics_collector()
+            self.metrics = JengaMetrics(self.metrics_collector.labels)
+            self.sync_metrics()
+
+    def snapshot(self) -> Snapshot:
+        """Cumulative hit tokens and states admitted/evicted, current alpha and pool bytes."""
+        pool: dict[tuple[str, str], int] = {}
+        for ptype in self.memory.page_types:
+            use = self.memory.usage(ptype)
+            size = self.memory.page_bytes(ptype)
+            pool[(str(ptype), "used")] = use.used * size
+            pool[(str(ptype), "evictable")] = use.evictable * size
+        return Snapshot(
+            hit_tokens=self.hit_tokens,
+            states_admitted=self.states_admitted,
+            states_evicted=self.cache.tree.evicted_states,
+            alpha=float(getattr(self.cache.eviction, "alpha", 0.0)),
+            pool_bytes=pool,
+        )
+
+    def sync_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.sync(self.snapshot())
 
     # ------------------------------------------------------------------ memory glue
 
@@ -111,6 +143,9 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             self.token_to_kv_pool_allocator.free(index)
         else:
             self.req_to_token_pool.mamba_allocator.free(index)
+
+    def _evict_states(self, count: int) -> None:
+        self.evict(EvictParams(num_tokens=0, mamba_num=count))
 
     # ------------------------------------------------------------------ tree wrappers
 
@@ -144,6 +179,9 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.hit_tokens += found.length
         node = found.node if found.node is not None else self.root_node
         branch = self._branch_point(tokens, found)
+        if params.cow_mamba and params.req is not None and found.state is not None:
+            self._seed(params.req, found)
+        self.sync_metrics()
         return MatchResult(
             device_prefix_len=found.length,
             last_device_node=node,
@@ -161,38 +199,63 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         inside = [p for p in plan.prefill_at if found.length < p <= len(tokens)]
         return inside[0] if inside else None
 
+    def _seed(self, req: Any, found: TreeMatch) -> None:
+        """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
+        assert self.handover is not None and found.state is not None and found.node is not None
+        self.cache.tree.lock(found.node)  # allocating a live slot may evict: keep the source
+        try:
+            self.handover.seed(req, found.state.ids()[0])
+        finally:
+            self.cache.tree.unlock(found.node)
+
     def insert(self, params: InsertParams) -> InsertResult:
         tokens = None if self.disable or params.key is None else self._tokens(params.key)
         if tokens is None:
             return InsertResult(prefix_len=0)
-        if params.value is None or len(params.value) < len(tokens):
+        state = params.mamba_value
+        at = None if state is None else (len(tokens), int(state.reshape(-1)[0].item()))
+        return self._insert(tokens, params.value, at)
+
+    def _insert(
+        self, tokens: TokenSeq, value: torch.Tensor | None, state_at: tuple[int, int] | None
+    ) -> InsertResult:
+        """Adopt KV slots for [present, len) and, if given, state slot `state_at[1]` valid at
+        position `state_at[0]`; `mamba_exist` says the state was not taken."""
+        if value is None or len(value) < len(tokens):
             raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
         tree = self.cache.tree
         present = tree.walk(tokens).length
-        new_ids = params.value[present : len(tokens)].tolist()
-        kv = [self.memory.adopt(self.kv_type, new_ids)] if present < len(tokens) else []
-        if not kv:
-            kv = [self.memory.adopt(self.kv_type, [])]
-        states = self._adopt_state(tokens, params.mamba_value)
+        new_ids = value[present : len(tokens)].tolist()
+        kv = [self.memory.adopt(self.kv_type, new_ids if present < len(tokens) else [])]
+        states = self._adopt_state(tokens, state_at)
         node = tree.insert(tokens, present, kv, states, self.cache.tick())
-        taken = bool(states) and node.state is not None and node.state is states[len(tokens)]
+        taken = bool(states) and self._state_at(tokens, state_at) is next(iter(states.values()))
         self.states_admitted += int(taken)
         return InsertResult(
             prefix_len=present,
             total_len=len(tokens),
             last_device_node=node,
-            mamba_exist=params.mamba_value is not None and not taken,
+            mamba_exist=state_at is not None and not taken,
         )
 
-    def _adopt_state(self, tokens: TokenSeq, mamba_value: torch.Tensor | None) -> dict[int, Pages]:
-        if mamba_value is None or self.state_type is None:
+    def _state_at(self, tokens: TokenSeq, state_at: tuple[int, int] | None) -> Pages | None:
+        """The checkpoint the tree holds exactly at position `state_at[0]` along `tokens`."""
+        if state_at is None:
+            return None
+        for node in self.cache.tree.walk(tokens).path:
+            if node.end == state_at[0]:
+                return node.state
+        return None
+
+    def _adopt_state(self, tokens: TokenSeq, state_at: tuple[int, int] | None) -> dict[int, Pages]:
+        if state_at is None or self.state_type is None:
             return {}
-        walk = self.cache.tree.walk(tokens)
-        last = walk.path[-1] if walk.path else None
-        if last is not None and last.end == len(tokens) and last.state is not None:
+        pos, slot = state_at
+        if not 0 < pos <= len(tokens):
+            raise ValueError(f"state position {pos} outside (0, {len(tokens)}]")
+        if self._state_at(tokens, state_at) is not None:
             return {}  # already checkpointed there: the caller keeps (and frees) its slot
-        slot = int(mamba_value.reshape(-1)[0].item())
-        return {len(tokens): self.memory.adopt(self.state_type, [slot])}
+        return {pos: self.memory.adopt(self.state_type, [slot])}
 
     # ------------------------------------------------------------------ locks and eviction
 
@@ -226,22 +289,38 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             ):
                 break
         kv, st = done()
+        self.sync_metrics()
         return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
 
     # ------------------------------------------------------------------ request path
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-        """Insert the request's KV [0, up_to), repoint its row at the tree's slots, relock.
-
-        The Mamba state hand-over at checkpoints is not wired yet (docs/sglang.md): with a
-        Mamba group the KV is cached but no state, so no later hit can use it.
-        """
+        """Insert the request's KV [0, up_to) and the state our admission wants, repoint its
+        row at the tree's slots, relock. A finished request hands its state over (mamba_state);
+        a running one forks it only at its planned branch point."""
+        finished = bool(req.finished())
         if self.disable:
+            if finished and self.handover is not None:
+                self.handover.release(req)
             return
+        captured = None
+        if self.handover is not None:
+            captured = self.handover.capture(req, up_to, finished)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        token_ids = list(req.full_untruncated_fill_ids[:up_to])
-        key = _Key(token_ids)
-        result = self.insert(InsertParams(key=key, value=row[:up_to].to(torch.int64, copy=True)))
+        tokens = TokenSeq.of(list(req.full_untruncated_fill_ids[:up_to]))
+        result = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), _at(captured))
+        if self.handover is not None:
+            self.handover.settle(req, finished, captured, taken=not result.mamba_exist)
+        self._repoint(req, result)
+        if self.tuner is not None and finished:
+            self.tuner.after_request(
+                self.cache, TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
+            )
+        self.sync_metrics()
+
+    def _repoint(self, req: Any, result: InsertResult) -> None:
+        """Free the request's duplicates of cached KV, point its row at the tree's slots."""
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         protected = req.kv.cache_protected_len
         if result.prefix_len > protected:
             self.token_to_kv_pool_allocator.free(row[protected : result.prefix_len].to(torch.int64))
@@ -254,10 +333,12 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.unlock(req.lock)
         req.lock = self.lock(node)
         req.last_node = node
-        if self.tuner is not None and req.finished():
-            self.tuner.after_request(
-                self.cache, TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
-            )
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
+        if not checkpointed and self.handover is not None:
+            self.handover.release(req)
+        self.sync_metrics()  # the request's lock is gone: its pages turned evictable
 
     def path_device_indices(self, node: Any) -> torch.Tensor:
         ids: list[int] = []
@@ -309,13 +390,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.cache.check_integrity()
 
 
-class _Key:
-    """The part of SGLang's RadixKey that `insert` reads (checkpoint builds one per call)."""
-
-    extra_key = None
-
-    def __init__(self, token_ids: list[int]) -> None:
-        self.token_ids = token_ids
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
+def _at(captured: Captured | None) -> tuple[int, int] | None:
+    if captured is None:
+        return None
+    return captured.position, int(captured.slot.reshape(-1)[0].item())

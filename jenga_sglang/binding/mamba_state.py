@@ -1,0 +1,139 @@
+"""Mamba state hand-over between a running SGLang request and the tree.
+
+States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Three moments:
+
+* **hit** (`seed`): the request gets its own live slot (allocated here if it has none) and
+  `req.kv.mamba_cow_src_index` names the cached slot; SGLang's forward copies it into the live
+  slot before the prefill runs (`ScheduleBatch._collect_deferred_mamba_cow_and_clear`, then the
+  model runner). The hit node stays locked by the request until then.
+* **running checkpoint** (`capture`, unfinished): only the state our admission asked for (the
+  request's `mamba_branching_seqlen`) enters the tree. Without the extra buffer
+  (`--mamba-radix-cache-strategy no_buffer`) the live slot holds the state after exactly
+  `up_to` tokens (the chunk just ended there), so it is forked into a fresh slot. With the
+  extra buffer the state SGLang tracked (`mamba_last_track_seqlen`, a ping-pong slot) is donated
+  when it lies at the branch point; the request gets a fresh ping-pong slot in exchange.
+* **finish** (`capture`, finished): the request's state is handed over, not copied: its live
+  slot (no buffer, state after `up_to` tokens) or its latest tracked slot (extra buffer, state
+  after `mamba_last_track_seqlen` tokens, since with overlap scheduling the live slot may run
+  one step ahead).
+
+`settle` frees what the tree did not take and clears the request's fields the way SGLang's own
+Mamba component does, so every slot has exactly one owner afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+EvictStates = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A state offered to the tree: valid after tokens [0, position); `slot` has shape (1,)."""
+
+    position: int
+    slot: torch.Tensor
+    donated: bool  # the request's own slot (finish), not a fork made for the tree
+    keep_idx: int | None = None  # extra buffer: the ping-pong entry it came from
+
+
+class StateHandOver:
+    """Moves Mamba pool slots between requests and the tree (see module doc).
+
+    `evict_states(n)` must make `n` Mamba slots allocatable (the backend evicts its tree).
+    """
+
+    def __init__(self, req_pool: Any, extra_buffer: bool, evict_states: EvictStates) -> None:
+        if extra_buffer and not getattr(req_pool, "enable_mamba_extra_buffer", False):
+            raise ValueError(
+                "enable_mamba_extra_buffer=True but the HybridReqToTokenPool has no extra buffer"
+            )
+        self.pool = req_pool
+        self.extra_buffer = extra_buffer
+        self.evict_states = evict_states
+
+    # ------------------------------------------------------------------ slots
+
+    def alloc_slot(self) -> torch.Tensor:
+        slot = self.pool.mamba_allocator.alloc(1)
+        if slot is None:
+            self.evict_states(1)
+            slot = self.pool.mamba_allocator.alloc(1)
+        if slot is None:
+            raise RuntimeError(
+                "jenga: no Mamba slot free after eviction; raise --max-mamba-cache-size "
+                f"(pool size {self.pool.mamba_pool.size})"
+            )
+        return slot  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ hit
+
+    def seed(self, req: Any, src_slot: int) -> None:
+        """Make the request start from cached state `src_slot` (copied on the forward stream)."""
+        if not req.kv.holds_mamba:
+            req.kv.mamba_pool_idx = self.alloc_slot()[0]
+        device = req.kv.mamba_pool_idx.device
+        req.kv.mamba_cow_src_index = torch.tensor([src_slot], dtype=torch.int64, device=device)
+        req.kv.mamba_needs_clear = False
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def capture(self, req: Any, up_to: int, finished: bool) -> Captured | None:
+        """The state the tree may adopt at this checkpoint, or None (KV only)."""
+        if not req.kv.holds_mamba:
+            return None
+        if self.extra_buffer:
+            return self._capture_tracked(req, up_to, finished)
+        if finished:
+            slot = req.kv.mamba_pool_idx.reshape(1).to(torch.int64)
+            return Captured(up_to, slot, donated=True)
+        if up_to != req.mamba_branching_seqlen:
+            return None
+        fork = self.alloc_slot()
+        live = req.kv.mamba_pool_idx.reshape(1)
+        translate = self.pool.translate_mamba_indices
+        self.pool.copy_mamba_state(translate(live), translate(fork))
+        return Captured(up_to, fork.reshape(1).to(torch.int64), donated=False)
+
+    def _capture_tracked(self, req: Any, up_to: int, finished: bool) -> Captured | None:
+        tracked = req.kv.mamba_last_track_seqlen
+        if tracked is None or not 0 < tracked <= up_to:
+            return None
+        keep = self.pool.get_mamba_ping_pong_keep_idx(req)
+        if finished:
+            slot = req.kv.mamba_ping_pong_track_buffer[keep].reshape(1).to(torch.int64)
+            return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
+        if tracked != req.mamba_branching_seqlen:
+            return None
+        donated = self.pool.donate_mamba_ping_pong_slot(req, self.alloc_slot())
+        return Captured(tracked, donated.reshape(1).to(torch.int64), donated=False)
+
+    def settle(self, req: Any, finished: bool, captured: Captured | None, taken: bool) -> None:
+        """After the insert: free what the tree did not take; reset the request's fields."""
+        if captured is not None and not taken and not captured.donated:
+            self.pool.mamba_allocator.free(captured.slot)
+        if finished:
+            self._release_finished(req, captured if taken else None)
+        else:
+            req.kv.mamba_last_track_seqlen = None
+            req.kv.mamba_prev_track_seqlen = None
+
+    def _release_finished(self, req: Any, taken: Captured | None) -> None:
+        if not req.kv.holds_mamba:
+            return
+        if self.extra_buffer:
+            keep = taken.keep_idx if taken is not None else None
+            self.pool.free_mamba_cache(req, mamba_ping_pong_track_buffer_to_keep=keep)
+        elif taken is None:
+            self.pool.free_mamba_cache(req)
+        else:
+            req.kv.mamba_pool_idx = None  # the tree owns the slot now
+
+    def release(self, req: Any) -> None:
+        """A request leaves without a checkpoint (abort, retraction, cache disabled)."""
+        self._release_finished(req, None)

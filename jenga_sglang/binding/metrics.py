@@ -1,0 +1,94 @@
+"""`--enable-metrics` export of the jenga backend through SGLang's Prometheus machinery.
+
+SGLang's scheduler exports with `prometheus_client` (multiprocess mode: each scheduler process
+writes its own files, the HTTP server aggregates them), labelling every cache series with its
+rank (`radix_cache_metric_labels`: cache_type, tp/pp/dp rank). We register our families once per
+process in the same registry, with the labels of the cache's own `RadixCacheMetricsCollector`,
+so `/metrics` lists them beside SGLang's `sglang:` cache series:
+
+    jenga:hit_tokens_total              tokens reused from the tree (counter)
+    jenga:ssm_checkpoints_admitted_total  Mamba states the tree adopted (counter)
+    jenga:ssm_checkpoints_evicted_total   Mamba states evicted (counter)
+    jenga:eviction_alpha                current FLOP weight of the eviction order (gauge)
+    jenga:pool_bytes{page_type, use}    bytes the tree holds per page type, used/evictable
+
+`sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
+the previous sync), so the backend keeps plain ints on its hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_FAMILIES: dict[str, Any] = {}  # one registration per process, shared by every cache in it
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The backend's cumulative counters and current gauges at one moment."""
+
+    hit_tokens: int
+    states_admitted: int
+    states_evicted: int
+    alpha: float
+    pool_bytes: dict[tuple[str, str], int]  # (page type, "used" | "evictable") -> bytes
+
+
+def _families() -> dict[str, Any]:
+    if _FAMILIES:
+        return _FAMILIES
+    from prometheus_client import Counter, Gauge
+
+    # Label names must be known at registration; SGLang's cache labels are fixed per release.
+    names = ["cache_type", "tp_rank", "pp_rank", "dp_rank"]
+    _FAMILIES.update(
+        hit=Counter("jenga:hit_tokens", "Tokens reused from the jenga tree", names),
+        admitted=Counter(
+            "jenga:ssm_checkpoints_admitted", "Mamba states adopted by the jenga tree", names
+        ),
+        evicted=Counter(
+            "jenga:ssm_checkpoints_evicted", "Mamba states evicted from the jenga tree", names
+        ),
+        alpha=Gauge(
+            "jenga:eviction_alpha",
+            "FLOP weight of the jenga eviction order",
+            names,
+            multiprocess_mode="mostrecent",
+        ),
+        pool=Gauge(
+            "jenga:pool_bytes",
+            "Bytes the jenga tree holds, by page type and use",
+            [*names, "page_type", "use"],
+            multiprocess_mode="mostrecent",
+        ),
+    )
+    return _FAMILIES
+
+
+class JengaMetrics:
+    """Series of one cache (one scheduler rank); `labels` come from SGLang's cache collector."""
+
+    LABELS = ("cache_type", "tp_rank", "pp_rank", "dp_rank")
+
+    def __init__(self, labels: dict[str, Any]) -> None:
+        missing = [k for k in self.LABELS if k not in labels]
+        if missing:
+            raise ValueError(f"metric labels lack {missing} (got {sorted(labels)})")
+        self.labels = {k: str(labels[k]) for k in self.LABELS}
+        self.families = _families()
+        self._last = Snapshot(0, 0, 0, 0.0, {})
+
+    def sync(self, now: Snapshot) -> None:
+        fam, last, lab = self.families, self._last, self.labels
+        for key, new, old in (
+            ("hit", now.hit_tokens, last.hit_tokens),
+            ("admitted", now.states_admitted, last.states_admitted),
+            ("evicted", now.states_evicted, last.states_evicted),
+        ):
+            if new > old:
+                fam[key].labels(**lab).inc(new - old)
+        fam["alpha"].labels(**lab).set(now.alpha)
+        for (ptype, use), nbytes in now.pool_bytes.items():
+            fam["pool"].labels(**lab, page_type=ptype, use=use).set(nbytes)
+        self._last = now

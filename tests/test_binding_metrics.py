@@ -1,0 +1,75 @@
+"""`--enable-metrics`: the backend's Prometheus series move with SGLang's calls (no server).
+
+The cache is built with `CacheInitParams(enable_metrics=True)`, as SGLang's scheduler builds it;
+values are read back from prometheus_client's registry, where SGLang's exporter reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from tests.test_binding_mamba_state import Session, _tokens
+from tests.test_binding_mamba_state import sg as sg  # the module-scoped fixture
+
+pytestmark = pytest.mark.sglang
+
+
+def _value(name: str, labels: dict[str, str]) -> float:
+    from prometheus_client import REGISTRY
+
+    got = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+def _metered(sg: Any) -> Session:
+    """A session whose cache exports metrics, as rank 0 of a one-GPU scheduler."""
+    from sglang.srt.runtime_context import get_parallel
+
+    from jenga_sglang.binding.backend import JengaRadixCache
+
+    s = Session(sg)
+    params = dataclasses.replace(s.cache_params, enable_metrics=True)
+    # A scheduler process publishes its ranks; here we state them for the collector's labels.
+    with get_parallel().override(tp_rank=0, pp_rank=0, attn_tp_rank=0, attn_dp_rank=0):
+        s.cache = JengaRadixCache(params, s.cache.spec, s.cache.options)
+    return s
+
+
+def test_series_move_with_hits_checkpoints_and_evictions(sg: Any) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    s = _metered(sg)
+    labels = s.cache.metrics.labels
+    hit0 = _value("jenga:hit_tokens_total", labels)
+    adm0 = _value("jenga:ssm_checkpoints_admitted_total", labels)
+    ev0 = _value("jenga:ssm_checkpoints_evicted_total", labels)
+    a = _tokens(0, 80)
+    s.serve(a, [1, 2])
+    state = str(s.cache.state_type)
+    state_bytes = s.cache.spec.state_bytes
+    assert _value("jenga:ssm_checkpoints_admitted_total", labels) == adm0 + 1
+    pool = {**labels, "page_type": state, "use": "evictable"}
+    assert _value("jenga:pool_bytes", pool) == state_bytes
+    hit, _ = s.serve([*a, 1, 2, 3], [4])
+    assert hit == 81
+    assert _value("jenga:hit_tokens_total", labels) == hit0 + 81
+    s.cache.evict(EvictParams(num_tokens=10_000, mamba_num=10))
+    assert _value("jenga:ssm_checkpoints_evicted_total", labels) == ev0 + 2
+    assert _value("jenga:pool_bytes", pool) == 0
+    kv = {**labels, "page_type": str(s.cache.kv_type), "use": "evictable"}
+    assert _value("jenga:pool_bytes", kv) == 0
+    assert _value("jenga:eviction_alpha", labels) == s.cache.cache.eviction.alpha
+
+
+def test_families_registered_once_per_process(sg: Any) -> None:
+    """A second cache in the process (SGLang builds one per scheduler) reuses the families."""
+    from jenga_sglang.binding.metrics import JengaMetrics
+
+    labels = {"cache_type": "JengaRadixCache", "tp_rank": 1, "pp_rank": 0, "dp_rank": 0}
+    first, second = JengaMetrics(labels), JengaMetrics(labels)  # a re-registration would raise
+    assert first.families is second.families
+    with pytest.raises(ValueError, match="dp_rank"):
+        JengaMetrics({"cache_type": "x", "tp_rank": 0, "pp_rank": 0})
