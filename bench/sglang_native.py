@@ -2,9 +2,8 @@
 
 `SglangNativeCache` owns a real SGLang 0.5.23 `UnifiedRadixCache` (FULL + MAMBA components)
 over a `HybridReqToTokenPool` (request rows + Mamba slots), a `HybridLinearKVPool` and a
-`TokenToKVPoolAllocator`, sized by `SglangSplit` (bench/sglang_split.py). Tensors are tiny
-(one head of width one, a few Mamba channels): only slot *counts* drive the cache's decisions,
-so the pools hold the spec's budget in slots without allocating its bytes.
+`TokenToKVPoolAllocator`, sized by `SglangSplit` (bench/sglang_split.py), or SGLang's unified
+memory pool over the same budget (bench/sglang_pools.py builds both).
 
 Serving one request reuses SGLang's own scheduler helpers, in the scheduler's order:
 `alloc_req_slots` (request row, Mamba slot, two ping-pong track slots), `init_next_round_input`
@@ -34,113 +33,40 @@ from jenga_sglang.models.spec import ModelSpec
 
 MAMBA_CHUNK = 64  # FLA chunk = SGLang's mamba_cache_chunk_size at page size 1
 TRACK_INTERVAL = 256  # --mamba-track-interval default
-MAX_RUNNING = 1  # sequential replay: one request at a time
-_TINY_MAMBA = {
-    "intermediate_size": 16,
-    "n_groups": 1,
-    "num_heads": 1,
-    "head_dim": 16,
-    "state_size": 1,
-    "conv_kernel": 2,
-}
-
-
-def _server_args() -> None:
-    """SGLang reads its global ServerArgs from the pools and the cache; set the defaults."""
-    from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    args = ServerArgs(model_path="dummy", page_size=1, mamba_radix_cache_strategy="extra_buffer")
-    args._mamba_cache_chunk_size = CHUNK_SIZE  # no HF config to read it from
-    set_global_server_args_for_scheduler(args)
-
-
-def _layer_ids(spec: ModelSpec) -> tuple[list[int], list[int]]:
-    """(full-attention layer ids, Mamba layer ids) in the spec's group order."""
-    full: list[int] = []
-    mamba: list[int] = []
-    layer = 0
-    for group in spec.attention_groups + spec.mamba_groups:
-        ids = list(range(layer, layer + group.num_layers))
-        (full if group in spec.attention_groups else mamba).extend(ids)
-        layer += group.num_layers
-    return full, mamba
 
 
 class SglangNativeCache:
     """SGLang's real cache stack for `split`, serving requests one at a time (see module doc).
 
-    `serve(inp, out)` returns the device prefix SGLang reused for `inp` (its token hit).
-    Requests whose input + output exceed the KV pool are not served (SGLang rejects them):
+    `unified` picks `--enable-unified-memory` (one buffer, the split floats) over the static
+    split. `serve(inp, out)` returns the device prefix SGLang reused for `inp` (its token hit).
+    Requests whose input + output exceed the KV capacity are not served (SGLang rejects them):
     `serve` returns None and the tree is untouched.
     """
 
     def __init__(
-        self, spec: ModelSpec, split: SglangSplit, max_context_len: int, chunk_tokens: int
+        self,
+        spec: ModelSpec,
+        split: SglangSplit,
+        max_context_len: int,
+        chunk_tokens: int,
+        unified: bool = False,
     ) -> None:
         if chunk_tokens < MAMBA_CHUNK:
             raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
-        _server_args()
+        from jenga_sglang.bench import sglang_pools
+
+        sglang_pools.server_args(unified)
+        build = sglang_pools.unified_pools if unified else sglang_pools.static_pools
+        pools = build(spec, split, max_context_len)
         self.spec = spec
         self.split = split
         self.chunk_tokens = chunk_tokens
+        self.kv_capacity = pools.kv_capacity
+        self.req_pool = pools.req_to_token_pool
+        self.allocator = pools.allocator
         self._rid = 0
-        self._build(max_context_len)
-
-    def _build(self, max_context_len: int) -> None:
-        import torch
-        from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
-        from sglang.srt.environ import envs
-        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
-        full, mamba = _layer_ids(self.spec)
-        with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
-            shape = Mamba2StateShape.create(tp_world_size=1, **_TINY_MAMBA)
-            params = Mamba2CacheParams(shape=shape, layers=mamba)
-        self.req_pool = HybridReqToTokenPool(
-            size=MAX_RUNNING + 1,
-            mamba_size=self.split.mamba_slots,
-            mamba_spec_state_size=MAX_RUNNING + 1,
-            max_context_len=max_context_len + 1,
-            device="cpu",
-            enable_memory_saver=False,
-            cache_params=params,
-            mamba_layer_ids=mamba,
-            enable_mamba_extra_buffer=True,
-            speculative_num_draft_tokens=3,
-        )
-        kv_pool = HybridLinearKVPool(
-            size=self.split.kv_tokens,
-            dtype=torch.bfloat16,
-            page_size=1,
-            head_num=1,
-            head_dim=1,
-            full_attention_layer_ids=full,
-            device="cpu",
-            enable_memory_saver=False,
-            mamba_pool=self.req_pool.mamba_pool,
-        )
-        self.allocator = TokenToKVPoolAllocator(
-            size=self.split.kv_tokens,
-            dtype=torch.bfloat16,
-            device="cpu",
-            kvcache=kv_pool,
-            need_sort=False,
-        )
-        init = CacheInitParams(
-            req_to_token_pool=self.req_pool,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=1,
-            disable=False,
-            tree_components=(ComponentType.FULL, ComponentType.MAMBA),
-            enable_mamba_extra_buffer=True,
-            eviction_policy="lru",
-        )
-        self.tree = UnifiedRadixCache(params=init)
+        self.tree = _radix_cache(self.req_pool, self.allocator)
         # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
         self._batch = SimpleNamespace(
             model_config=SimpleNamespace(
@@ -153,7 +79,7 @@ class SglangNativeCache:
     def serve(self, inp: Sequence[int], out: Sequence[int]) -> int | None:
         if len(inp) == 0:
             raise ValueError("request has no input tokens")
-        if len(inp) + len(out) > self.split.kv_tokens:
+        if len(inp) + len(out) > self.kv_capacity:
             return None
         req = self._new_req(inp, len(out))
         hit = int(req.prefix_len)
@@ -238,15 +164,33 @@ class SglangNativeCache:
         }
 
 
+def _radix_cache(req_pool: Any, allocator: Any) -> Any:
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    init = CacheInitParams(
+        req_to_token_pool=req_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=1,
+        disable=False,
+        tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+        enable_mamba_extra_buffer=True,
+        eviction_policy="lru",
+    )
+    return UnifiedRadixCache(params=init)
+
+
 def replay_native(
     requests: Sequence[PackedRequest],
     spec: ModelSpec,
     split: SglangSplit,
     chunk_tokens: int,
+    unified: bool = False,
 ) -> tuple[ReplayStats, SglangNativeCache]:
     """Sequential replay (bench/replay.py's order and totals) through SGLang's own cache."""
     longest = max((len(r.inp) + len(r.out) for r in requests), default=1)
-    cache = SglangNativeCache(spec, split, longest, chunk_tokens)
+    cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified)
     stats = ReplayStats()
     start = time.perf_counter()
     for req in requests:

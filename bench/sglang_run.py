@@ -13,7 +13,7 @@ from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.bench.sglang_split import static_split
 from jenga_sglang.models.spec import ModelSpec
 
-NATIVE_POLICIES = ("sglang-native",)
+NATIVE_POLICIES = ("sglang-native", "sglang-native-unified")
 
 
 def validate_native(policy: str, mode: str, memory: str) -> None:
@@ -37,7 +37,8 @@ def run_native(
     from jenga_sglang.bench.sglang_native import replay_native
 
     split = static_split(spec, cache_bytes)
-    stats, cache = replay_native(requests, spec, split, chunk_tokens)
+    unified = policy == "sglang-native-unified"
+    stats, cache = replay_native(requests, spec, split, chunk_tokens, unified)
     return {
         **stats_fields(stats),
         "peak_bytes": split.kv_bytes + split.mamba_bytes,
@@ -48,6 +49,7 @@ def run_native(
         "evicted_states": 0,
         "sglang_kv_tokens": split.kv_tokens,
         "sglang_mamba_slots": split.mamba_slots,
+        "sglang_kv_capacity": cache.kv_capacity,
         **{f"sglang_end_{k}": v for k, v in cache.usage().items()},
     }
 
