@@ -82,7 +82,7 @@ def test_two_turns_hit_the_floored_prefill_state(native: Any) -> None:
     assert cache.serve(turn1_in, _seq(8000, 300)) == 256
     # Turn 1 prefilled 256..450: its state sits at 256 + 194 // 64 x 64 = 448; its decode
     # (KV of 450..748) crossed 512, where the result processor tracks another.
-    assert cache.serve(turn1_in + [1], [2]) == 448
+    assert cache.serve([*turn1_in, 1], [2]) == 448
     turn2_in = turn1_in + _seq(8000, 300) + _seq(9000, 20)
     assert cache.serve(turn2_in, [3]) == 512
     # The 3-token extend of turn 1 + [1] tracked nothing (under one 64-token chunk); turn 2
@@ -101,7 +101,7 @@ def test_a_branch_point_replaces_the_end_state(native: Any) -> None:
     b_in = shared + _seq(3000, 100)
     assert cache.serve(b_in, [6]) == 0
     assert cache.serve(shared + _seq(4000, 80), [7]) == 192
-    assert cache.serve(b_in + [8], [9]) == 192  # B's end state was never taken
+    assert cache.serve([*b_in, 8], [9]) == 192  # B's end state was never taken
 
 
 @pytest.mark.sglang
