@@ -45,11 +45,11 @@ def test_static_split_rejects_tiny_budgets_and_attention_only_models() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [("mode", "engine", "sequential"), ("memory", "jenga", "memory")],
+    ("mode", "memory", "message"),
+    [("engine", "bytes", "sequential"), ("sequential", "jenga", "memory")],
 )
-def test_native_runs_reject_what_they_do_not_model(field: str, value: str, message: str) -> None:
-    config = RunConfig("t.jsonl", "marconi-7b", 2.0, "sglang-native", **{field: value})
+def test_native_runs_reject_what_they_do_not_model(mode: str, memory: str, message: str) -> None:
+    config = RunConfig("t.jsonl", "marconi-7b", 2.0, "sglang-native", mode=mode, memory=memory)
     with pytest.raises(ValueError, match=message):
         validate(config)
     validate(RunConfig("t.jsonl", "marconi-7b", 2.0, "sglang-native-unified"))
