@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -370,17 +371,29 @@ def add_online_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_online(args: argparse.Namespace) -> int:
-    """Run the replay; exit 1 when any request failed. Bad arguments raise ValueError."""
-    config = OnlineConfig(
-        url=args.url,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        concurrency=args.concurrency,
-        max_user_words=args.max_user_words,
-        max_output_tokens=args.max_output_tokens,
-        model=args.model,
-    )
-    summary = run_online(args.trace, config)
+    """Run the replay. Exit 0, 1 when any request failed or the server is unreachable, and 2 on
+    bad input (settings, trace), each failure as one line on stderr like the rest of the CLI."""
+    try:
+        config = OnlineConfig(
+            url=args.url,
+            max_requests=args.max_requests,
+            max_seconds=args.max_seconds,
+            concurrency=args.concurrency,
+            max_user_words=args.max_user_words,
+            max_output_tokens=args.max_output_tokens,
+            model=args.model,
+        )
+        sessions = sessions_from_trace(args.trace, config)
+    except (ValueError, OSError) as exc:
+        print(f"jenga-bench: error: {exc}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    try:
+        results = asyncio.run(replay(sessions, config))
+    except (OnlineError, OSError) as exc:  # e.g. nothing listening at --url
+        print(f"jenga-bench: error: {config.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    summary = summarize(results, time.monotonic() - start)
     if args.json:
         print(json.dumps(summary, separators=(",", ":")))
     else:

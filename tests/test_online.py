@@ -210,3 +210,26 @@ def test_bad_settings_name_the_field(kwargs: dict[str, Any], name: str) -> None:
         OnlineConfig("http://127.0.0.1:1", **kwargs)
     with pytest.raises(ValueError, match="url"):
         OnlineConfig("127.0.0.1:1")
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_online_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["online", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def test_cli_bad_input_and_unreachable_server_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.jsonl", sessions=1, turns=1)
+    assert _cli(["--url", "http://127.0.0.1:1", "--trace", str(tmp_path / "none.jsonl")]) == 2
+    assert _cli(["--url", "127.0.0.1:1", "--trace", str(trace)]) == 2
+    assert _cli(["--url", "http://127.0.0.1:1", "--trace", str(trace), "--max-requests", "0"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("jenga-bench: error: ") for e in errors)
+    assert "none.jsonl" in errors[0] and "url" in errors[1] and "max_requests" in errors[2]
+    assert _cli(["--url", "http://127.0.0.1:1", "--trace", str(trace)]) == 1  # nothing listens
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "http://127.0.0.1:1" in err[0]
