@@ -80,6 +80,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="override a cost model constant (engine mode), e.g. mfu=0.4",
     )
     p.add_argument("--chunk-tokens", type=int, default=8192, help="prefill tokens per step")
+    p.add_argument(
+        "--via",
+        default="",
+        choices=("", "sglang"),
+        help="sglang: drive our policy as SGLang's cache backend on SGLang's pools (slow start)",
+    )
     p.add_argument("--max-running", type=int, default=256, help="requests per batch at most")
 
 
@@ -134,6 +140,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "check": args.check,
         "cost": tuple(args.cost),
         "engine": EngineConfig(chunk_tokens=args.chunk_tokens, max_running=args.max_running),
+        "via": args.via,
     }
 
 

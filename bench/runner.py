@@ -47,6 +47,7 @@ class RunConfig:
     check: bool = False
     cost: tuple[tuple[str, str], ...] = ()  # cost model overrides (engine mode)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    via: str = ""  # "sglang": our policy as SGLang's cache backend (bench/sglang_run.py)
 
     @property
     def cache_bytes(self) -> int:
@@ -55,8 +56,8 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad field (before any trace is loaded)."""
-    if config.policy in NATIVE_POLICIES:  # SGLang's own cache (bench/sglang_run.py)
-        validate_native(config.policy, config.mode, config.memory)
+    if config.via or config.policy in NATIVE_POLICIES:  # through SGLang (bench/sglang_run.py)
+        validate_native(config.policy, config.mode, config.memory, config.via)
     else:
         try:
             bundle(config.policy)
@@ -98,9 +99,14 @@ def run(config: RunConfig) -> dict[str, Any]:
     validate(config)
     requests = load_packed(config.trace)
     spec = get_spec(config.model)
-    if config.policy in NATIVE_POLICIES:
+    if config.via or config.policy in NATIVE_POLICIES:
         native = run_native(
-            config.policy, requests, spec, config.cache_bytes, config.engine.chunk_tokens
+            config.policy,
+            requests,
+            spec,
+            config.cache_bytes,
+            config.engine.chunk_tokens,
+            config.via,
         )
         return {**_config_fields(config), **native}
     memory = build_memory(config.memory, spec, config.cache_bytes)

@@ -51,14 +51,17 @@ class SglangNativeCache:
         max_context_len: int,
         chunk_tokens: int,
         unified: bool = False,
+        tree: str = "sglang",
     ) -> None:
         if chunk_tokens < MAMBA_CHUNK:
             raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
         from jenga_sglang.bench import sglang_pools
 
-        sglang_pools.server_args(unified)
+        # Our backend needs exact states: no_buffer keeps the live state at each chunk's end.
+        self.extra_buffer = tree == "sglang"
+        sglang_pools.server_args(unified, self.extra_buffer)
         build = sglang_pools.unified_pools if unified else sglang_pools.static_pools
-        pools = build(spec, split, max_context_len)
+        pools = build(spec, split, max_context_len, self.extra_buffer)
         self.spec = spec
         self.split = split
         self.chunk_tokens = chunk_tokens
@@ -66,7 +69,7 @@ class SglangNativeCache:
         self.req_pool = pools.req_to_token_pool
         self.allocator = pools.allocator
         self._rid = 0
-        self.tree = _radix_cache(self.req_pool, self.allocator)
+        self.tree = _radix_cache(self.req_pool, self.allocator, spec, tree, self.extra_buffer)
         # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
         self._batch = SimpleNamespace(
             model_config=SimpleNamespace(
@@ -113,9 +116,13 @@ class SglangNativeCache:
         while req.prefix_len < total:
             start = req.prefix_len
             end = min(start + self.chunk_tokens, total)
+            branch = req.mamba_branching_seqlen
+            if not self.extra_buffer and branch is not None and start < branch < end:
+                end = branch  # the chunk ends at the branch point: its live state is exact
             req.extend_end = end
             self._alloc_kv(req, start, end)
-            ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(self._batch, req)
+            if self.extra_buffer:
+                ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(self._batch, req)
             if end == total and first_output is not None:
                 req.output_ids.append(first_output)  # the prefill's sampled token
             checkpoint_kv_cache(req, self.tree)  # also moves prefix_len to extend_end
@@ -131,7 +138,7 @@ class SglangNativeCache:
             committed = base + k
             req.kv.kv_committed_len = committed
             req.output_ids.append(out[k])
-            if committed % TRACK_INTERVAL == 0:  # the track boundary of the result processor
+            if self.extra_buffer and committed % TRACK_INTERVAL == 0:  # result processor
                 req.kv.mamba_last_track_idx = req.kv.mamba_next_track_idx
                 req.kv.mamba_prev_track_seqlen = req.kv.mamba_last_track_seqlen
                 req.kv.mamba_last_track_seqlen = committed
@@ -164,20 +171,33 @@ class SglangNativeCache:
         }
 
 
-def _radix_cache(req_pool: Any, allocator: Any) -> Any:
+TREES = ("sglang", "jenga")
+
+
+def _radix_cache(
+    req_pool: Any, allocator: Any, spec: ModelSpec, tree: str, extra_buffer: bool
+) -> Any:
+    """SGLang's UnifiedRadixCache, or (`tree="jenga"`) our backend behind the same contract."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
+    if tree not in TREES:
+        raise ValueError(f"unknown tree {tree!r}; known: {', '.join(TREES)}")
     init = CacheInitParams(
         req_to_token_pool=req_pool,
         token_to_kv_pool_allocator=allocator,
         page_size=1,
         disable=False,
         tree_components=(ComponentType.FULL, ComponentType.MAMBA),
-        enable_mamba_extra_buffer=True,
+        enable_mamba_extra_buffer=extra_buffer,
         eviction_policy="lru",
     )
+    if tree == "jenga":
+        from jenga_sglang.binding.backend import JengaRadixCache
+        from jenga_sglang.binding.options import JengaOptions
+
+        return JengaRadixCache(init, spec, JengaOptions(enabled=True))
     return UnifiedRadixCache(params=init)
 
 
@@ -187,10 +207,11 @@ def replay_native(
     split: SglangSplit,
     chunk_tokens: int,
     unified: bool = False,
+    tree: str = "sglang",
 ) -> tuple[ReplayStats, SglangNativeCache]:
     """Sequential replay (bench/replay.py's order and totals) through SGLang's own cache."""
     longest = max((len(r.inp) + len(r.out) for r in requests), default=1)
-    cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified)
+    cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified, tree)
     stats = ReplayStats()
     start = time.perf_counter()
     for req in requests:

@@ -15,8 +15,8 @@ Two layouts, both sized by `SglangSplit` (bench/sglang_split.py):
   shape (`_mamba2_shape`: conv (conv_dim, kernel - 1) and temporal (heads, head_dim, state)
   equal to the spec's shapes and dtypes). As SGLang does, the token side gets the budget minus
   the static split's Mamba slots, and the Mamba side may then grow to the whole buffer.
-  Compaction's byte copies and page zeroing are skipped (`_skip_byte_copy`, `_skip_zeroing`):
-  nothing reads the contents here.
+  Compaction's byte copies, page zeroing and state copy-on-write are skipped (`_skip_*`):
+  nothing reads the contents here, and the buffer (`torch.empty`) is then never paged in.
 
 Both need `_server_args()` first (SGLang's global ServerArgs). Importing sglang takes 15-27 s:
 callers import this module only when they build an SGLang cache.
@@ -53,12 +53,14 @@ class Pools(NamedTuple):
     kv_capacity: int  # the most KV tokens one request can hold
 
 
-def server_args(unified: bool) -> None:
-    """Set SGLang's global ServerArgs: page size 1, extra_buffer strategy, defaults otherwise."""
+def server_args(unified: bool, extra_buffer: bool = True) -> None:
+    """Set SGLang's global ServerArgs: page size 1, the Mamba strategy, defaults otherwise
+    (no_buffer turns the overlap scheduler off, as SGLang's `auto` resolution does)."""
     args = ServerArgs(
         model_path="dummy",
         page_size=1,
-        mamba_radix_cache_strategy="extra_buffer",
+        mamba_radix_cache_strategy="extra_buffer" if extra_buffer else "no_buffer",
+        disable_overlap_schedule=not extra_buffer,
         enable_unified_memory=unified,
     )
     args._mamba_cache_chunk_size = CHUNK_SIZE  # no HF config to read it from
@@ -120,7 +122,9 @@ def _kv_heads(spec: ModelSpec) -> tuple[int, int]:
     return per_layer // head_dim, head_dim
 
 
-def static_pools(spec: ModelSpec, split: SglangSplit, max_context_len: int) -> Pools:
+def static_pools(
+    spec: ModelSpec, split: SglangSplit, max_context_len: int, extra_buffer: bool = True
+) -> Pools:
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
 
@@ -134,7 +138,7 @@ def static_pools(spec: ModelSpec, split: SglangSplit, max_context_len: int) -> P
         enable_memory_saver=False,
         cache_params=_mamba_params(spec, mamba, real=False),
         mamba_layer_ids=mamba,
-        enable_mamba_extra_buffer=True,
+        enable_mamba_extra_buffer=extra_buffer,
         speculative_num_draft_tokens=3,
     )
     kv_pool = HybridLinearKVPool(
@@ -167,12 +171,22 @@ def _skip_zeroing(raw: torch.Tensor, pages: torch.Tensor, *_: int) -> None:
     """Zeroing of handed-out pages, skipped for the same reason (0.05 s per call on CPU)."""
 
 
-def unified_pools(spec: ModelSpec, split: SglangSplit, max_context_len: int) -> Pools:
+def _skip_state_copy(self: Any, src_indices: torch.Tensor, dst_indices: torch.Tensor) -> None:
+    """Copy-on-write of a Mamba state without the bytes (26.8 MB a copy for marconi-7b, and it
+    would page in the lazily allocated buffer); slot bookkeeping is the caller's, unchanged."""
+    if src_indices.numel() != dst_indices.numel():
+        raise ValueError(f"state copy of {src_indices.numel()} slots into {dst_indices.numel()}")
+
+
+def unified_pools(
+    spec: ModelSpec, split: SglangSplit, max_context_len: int, extra_buffer: bool = True
+) -> Pools:
     from sglang.srt.mem_cache import unified_memory_pool
     from sglang.srt.mem_cache.unified_memory_pool import init_unified_mamba_pools
 
     unified_memory_pool.copy_pages = _skip_byte_copy
     unified_memory_pool.zero_pages = _skip_zeroing
+    unified_memory_pool.UnifiedMambaPool.copy_from = _skip_state_copy
 
     full, mamba = layer_ids(spec)
     heads, head_dim = _kv_heads(spec)
@@ -196,10 +210,10 @@ def unified_pools(spec: ModelSpec, split: SglangSplit, max_context_len: int) -> 
         max_mamba_cache_size=split.mamba_slots,
         max_num_reqs=MAX_RUNNING + 1,
         enable_memory_saver=False,
-        enable_mamba_extra_buffer=True,
+        enable_mamba_extra_buffer=extra_buffer,
         enable_mamba_extra_buffer_lazy=False,
         speculative_num_draft_tokens=None,
-        disable_overlap_schedule=False,
+        disable_overlap_schedule=not extra_buffer,
         need_sort=False,
         unified_total_bytes=token_bytes - token_bytes % BUFFER_ALIGN,
     )

@@ -14,12 +14,18 @@ from jenga_sglang.bench.sglang_split import static_split
 from jenga_sglang.models.spec import ModelSpec
 
 NATIVE_POLICIES = ("sglang-native", "sglang-native-unified")
+VIA = ("", "sglang")
+VIA_POLICIES = ("jenga",)  # our policies that JengaOptions' defaults express
 
 
-def validate_native(policy: str, mode: str, memory: str) -> None:
-    """ValueError naming the field when a native run asks for something it does not model."""
-    if policy not in NATIVE_POLICIES:
-        raise ValueError(f"unknown SGLang policy {policy!r}; known: {', '.join(NATIVE_POLICIES)}")
+def validate_native(policy: str, mode: str, memory: str, via: str = "") -> None:
+    """ValueError naming the field when a run through SGLang asks for what it does not model."""
+    if via not in VIA:
+        raise ValueError(f"unknown --via {via!r}; known: sglang")
+    known = VIA_POLICIES if via else NATIVE_POLICIES
+    if policy not in known:
+        what = "--via sglang policy" if via else "SGLang policy"
+        raise ValueError(f"unknown {what} {policy!r}; known: {', '.join(known)}")
     if mode != "sequential":
         raise ValueError(f"policy {policy!r} supports mode 'sequential' only, got {mode!r}")
     if memory != "bytes":
@@ -32,13 +38,16 @@ def run_native(
     spec: ModelSpec,
     cache_bytes: int,
     chunk_tokens: int,
+    via: str = "",
 ) -> dict[str, Any]:
-    """Replay `requests` through SGLang's cache; the record fields runner.run adds to its own."""
+    """Replay `requests` through SGLang's cache, or (`via="sglang"`) through our backend on
+    SGLang's unified pool; the record fields runner.run adds to its own."""
     from jenga_sglang.bench.sglang_native import replay_native
 
     split = static_split(spec, cache_bytes)
-    unified = policy == "sglang-native-unified"
-    stats, cache = replay_native(requests, spec, split, chunk_tokens, unified)
+    unified = via == "sglang" or policy == "sglang-native-unified"
+    tree = "jenga" if via else "sglang"
+    stats, cache = replay_native(requests, spec, split, chunk_tokens, unified, tree)
     return {
         **stats_fields(stats),
         "peak_bytes": split.kv_bytes + split.mamba_bytes,
@@ -47,6 +56,7 @@ def run_native(
         "tunings": 0,
         "evicted_nodes": 0,
         "evicted_states": 0,
+        "via": via,
         "sglang_kv_tokens": split.kv_tokens,
         "sglang_mamba_slots": split.mamba_slots,
         "sglang_kv_capacity": cache.kv_capacity,
