@@ -123,3 +123,15 @@ def test_runner_record_of_a_native_replay(tmp_path: Path) -> None:
     assert record["input_tokens"] == 750
     assert record["token_hit_rate"] == pytest.approx(256 / 750)
     assert record["sglang_mamba_slots"] == static_split(SPEC, GB // 2).mamba_slots
+
+
+@pytest.mark.sglang
+def test_via_sglang_our_backend_keeps_exact_states() -> None:
+    from jenga_sglang.bench.sglang_native import SglangNativeCache
+
+    cache = SglangNativeCache(SPEC, static_split(SPEC, GB // 2), 4096, 8192, True, "jenga")
+    turn0_in, turn0_out = _seq(1000, 300), _seq(5000, 100)
+    assert cache.serve(turn0_in, turn0_out) == 0
+    # no_buffer: the finished request's live state sits after its last computed token,
+    # input + output - 1 = 399 (SGLang never computes the last sampled token's KV).
+    assert cache.serve(turn0_in + turn0_out + _seq(7000, 50), [1]) == 399
