@@ -165,15 +165,16 @@ class JengaEviction(FlopAwareEviction):
 
     Candidates are unlocked leaves and unlocked inner nodes holding a state.
 
-    * A one-child node with a state is, in a multi-turn session, almost always the end of an
-      earlier turn: the session has since continued below it and its next turn will hit the
-      deeper checkpoint. Its state only pays off if some request resumes exactly there again,
-      which is rare, while it costs as much as hundreds of tokens of KV. These go first (least
+    * Superseded: a one-child node with a state whose child also ends in a state that has since
+      been hit. The requests that pass this way now resume from the deeper checkpoint: in a
+      multi-turn chat, the end of turn k once turn k + 2 has hit the end of turn k + 1; in an
+      agent trajectory, the previous branch point once the next one is in use. Its state costs
+      as much as hundreds of tokens of KV and is rarely hit again, so these go first (least
       recently used among them). Dropping one keeps every token's KV (the child absorbs it), so
-      no hit on the continuation is lost.
-    * A branch point with several children and a state competes with the leaves under Marconi's
-      utility: only its state can go (the branch and its KV stay), so a checkpoint on a popular
-      junction survives while it is hit, and an unpopular one does not pin a state forever.
+      no hit below it is lost.
+    * Every other candidate competes under Marconi's utility. For a branch point with several
+      children only its state can go (the branch and its KV stay), so a checkpoint on a popular
+      junction survives while it is hit and an unpopular one does not pin a state forever.
     """
 
     def __init__(self, alpha: float = 0.0) -> None:
@@ -186,8 +187,17 @@ class JengaEviction(FlopAwareEviction):
             return False
         return node.is_leaf or node.state is not None
 
+    @staticmethod
+    def is_superseded(node: Node) -> bool:
+        if len(node.children) != 1 or node.state is None:
+            return False
+        if node.hit_count:
+            return True  # a request resumed from this state and went on below it
+        (child,) = node.children.values()
+        return child.state is not None and child.hit_count > 0
+
     def update(self, node: Node) -> None:
-        if self.is_candidate(node) and len(node.children) == 1:
+        if self.is_candidate(node) and self.is_superseded(node):
             super().remove(node)
             self._superseded.put(node, node.last_access)
         else:
@@ -205,6 +215,9 @@ class JengaEviction(FlopAwareEviction):
             self._superseded.put(deepest, now)
         else:
             super().refresh(path, now)
+        parent = deepest.parent
+        if parent is not None and parent.parent is not None:
+            self.update(parent)  # a hit below may have just superseded the parent's state
 
     def victim(self) -> Node | None:
         first = self._superseded.first()

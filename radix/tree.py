@@ -168,7 +168,7 @@ class RadixTree:
         kv = self._free_duplicates(key, start, walk.length, kv)
         if walk.length < len(key):
             node = self._add_leaf(node, key.slice(walk.length), kv, now)
-        self._attach_states(key, states)
+        self._attach_states(key, states, now)
         return node
 
     def _validate_insert(
@@ -212,13 +212,13 @@ class RadixTree:
             node, pos = child, pos + len(child.key)
         return node
 
-    def _attach_states(self, key: TokenSeq, states: Mapping[int, Pages]) -> None:
+    def _attach_states(self, key: TokenSeq, states: Mapping[int, Pages], now: int) -> None:
         """Attach checkpoints in one walk down the path (positions ascending)."""
         node, pos = self.root, 0
         for at in sorted(states):
             node = self._descend_splitting(key, at, node, pos)
             pos = at
-            self._attach_state(node, states[at])
+            self._attach_state(node, states[at], now)
 
     def _free_duplicates(
         self, key: TokenSeq, start: int, present: int, kv: Sequence[Pages]
@@ -246,12 +246,15 @@ class RadixTree:
             self.policy.update(parent)
         return leaf
 
-    def _attach_state(self, node: Node, state: Pages) -> None:
+    def _attach_state(self, node: Node, state: Pages, now: int) -> None:
         assert self.state_type is not None
         if node is self.root or node.state is not None:
             self.memory.free(self.state_type, state)  # already checkpointed there
             return
         node.state = state
+        # Admitting a checkpoint is an access: a branch point split out of an old edge would
+        # otherwise keep that edge's old time and look stale the moment it becomes useful.
+        node.last_access = max(node.last_access, now)
         if node.lock_ref == 0:
             self.memory.mark_evictable(self.state_type, state)
         self.policy.update(node)

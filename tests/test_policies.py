@@ -139,10 +139,34 @@ def test_flop_aware_alpha_prefers_keeping_efficient_nodes():
 
 def test_jenga_eviction_drops_superseded_checkpoints_before_any_leaf():
     cache = three_sessions(JengaEviction(alpha=5.0))
-    superseded = node_at(cache, 1, 2, 3, 4, 5, 6)
-    assert cache.eviction.victim() is superseded
+    turn0_end = node_at(cache, 1, 2, 3, 4, 5, 6)
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    # Turn 1 resumed from turn 0's checkpoint and went on below it: the session's next turn
+    # resumes from turn 1's end, so turn 0's state is superseded.
+    assert policy.is_superseded(turn0_end)
+    assert policy.victim() is turn0_end  # before every leaf, whatever alpha says
     cache.tree.evict_for(cache.tree.kv_types[0])
-    assert cache.tree.match(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)).length == 9  # turn 1 still hits
+    assert cache.tree.match(toks(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)).length == 9
+    cache.check_integrity()
+
+
+def test_a_fresh_branch_checkpoint_is_not_superseded_until_the_one_below_is_used():
+    # Agent trajectories: request k+1 rewrites history inside request k's sequence, so the branch
+    # point is checkpointed during k+1's prefill and is what request k+2 resumes from.
+    cache = make_cache(hybrid_spec(), eviction=JengaEviction(alpha=0.0))
+    cache.serve(seq(0, 20), toks(900), owner=1)  # request k
+    cache.serve(seq(0, 12).concat(toks(500, 501, 502, 503)), toks(901), owner=2)  # k+1
+    branch = node_at(cache, *range(12))
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    assert branch.end == 12 and branch.state is not None
+    dead = node_at(cache, *range(20), 900)  # request k's rest of history: never resumed
+    cache.tree.evict_leaf(dead)
+    assert len(branch.children) == 1 and not policy.is_superseded(branch)
+    # k+2 resumes from the branch point and checkpoints its own branch point below it
+    cache.serve(seq(0, 12).concat(toks(500, 501, 777)), toks(902), owner=3)
+    assert policy.is_superseded(branch)
     cache.check_integrity()
 
 
