@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean
+.PHONY: install demo test lint typecheck check clean tiny-model
 
 install: $(STAMP)
 
@@ -17,6 +17,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# A tiny NemotronH (random weights, locally trained tokenizer) for serving on CPU (docs/e2e-cpu.md).
+tiny-model: data/tiny-model/model.safetensors
+
+data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
+	$(PY) scripts/make_tiny_model.py --out data/tiny-model
 
 lint: install
 	$(VENV)/bin/ruff check .
