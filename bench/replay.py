@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jenga_sglang.bench.trace import Request
 from jenga_sglang.policies.tuning import AlphaTuner
@@ -53,6 +54,22 @@ class ReplayStats:
     uncached_requests: int = 0
     wall_s: float = 0.0
     tuning_s: float = 0.0
+
+    def fields(self) -> dict[str, Any]:
+        """The replay part of a run record (flat, JSON-able)."""
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "flops_saved": self.flops_saved,
+            "flops_saved_ratio": self.flops_saved_ratio,
+            "states_planned": self.states_planned,
+            "uncached_requests": self.uncached_requests,
+            "wall_s": self.wall_s,
+            "tuning_s": self.tuning_s,
+        }
 
     @property
     def token_hit_rate(self) -> float:

@@ -119,7 +119,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         stats = replay_engine(requests, cache, tuner, cost, config.engine, check=config.check)
     record: dict[str, Any] = {
         **_config_fields(config),
-        **_replay_fields(stats),
+        **stats.fields(),
         "peak_bytes": int(getattr(memory, "peak_bytes", _peak_from(stats, memory))),
         "capacity_violations": int(getattr(memory, "capacity_violations", 0)),
         "alpha": float(cache.eviction.alpha),
@@ -141,22 +141,6 @@ def _config_fields(config: RunConfig) -> dict[str, Any]:
         "policy": config.policy,
         "cache_gb": config.cache_gb,
         "cache_bytes": config.cache_bytes,
-    }
-
-
-def _replay_fields(stats: ReplayStats) -> dict[str, Any]:
-    return {
-        "requests": stats.requests,
-        "input_tokens": stats.input_tokens,
-        "output_tokens": stats.output_tokens,
-        "hit_tokens": stats.hit_tokens,
-        "token_hit_rate": stats.token_hit_rate,
-        "flops_saved": stats.flops_saved,
-        "flops_saved_ratio": stats.flops_saved_ratio,
-        "states_planned": stats.states_planned,
-        "uncached_requests": stats.uncached_requests,
-        "wall_s": stats.wall_s,
-        "tuning_s": stats.tuning_s,
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jenga_sglang.bench.replay import PackedRequest, ReplayStats
+from jenga_sglang.bench.replay import PackedRequest
 from jenga_sglang.bench.sglang_split import static_split
 from jenga_sglang.models.spec import ModelSpec
 
@@ -49,7 +49,7 @@ def run_native(
     tree = "jenga" if via else "sglang"
     stats, cache = replay_native(requests, spec, split, chunk_tokens, unified, tree)
     return {
-        **stats_fields(stats),
+        **stats.fields(),
         "peak_bytes": split.kv_bytes + split.mamba_bytes,
         "capacity_violations": 0,
         "alpha": 0.0,
@@ -61,20 +61,4 @@ def run_native(
         "sglang_mamba_slots": split.mamba_slots,
         "sglang_kv_capacity": cache.kv_capacity,
         **{f"sglang_end_{k}": v for k, v in cache.usage().items()},
-    }
-
-
-def stats_fields(stats: ReplayStats) -> dict[str, Any]:
-    return {
-        "requests": stats.requests,
-        "input_tokens": stats.input_tokens,
-        "output_tokens": stats.output_tokens,
-        "hit_tokens": stats.hit_tokens,
-        "token_hit_rate": stats.token_hit_rate,
-        "flops_saved": stats.flops_saved,
-        "flops_saved_ratio": stats.flops_saved_ratio,
-        "states_planned": stats.states_planned,
-        "uncached_requests": stats.uncached_requests,
-        "wall_s": stats.wall_s,
-        "tuning_s": stats.tuning_s,
     }
