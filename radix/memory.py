@@ -133,7 +133,10 @@ class Evictor(Protocol):
     """The owner of the cached pages (the tree). Called by the memory when it is short."""
 
     def evict_for(self, ptype: PageType) -> bool:
-        """Evict at least one cached entry, preferring ones that free pages of `ptype`.
+        """Evict at least one cached entry: the eviction policy's next victim.
+
+        `ptype` says which page type the memory is short of; the policy decides what goes, so
+        one call may free pages of another type (the memory then asks again).
 
         Returns False when nothing is evictable any more.
         """
