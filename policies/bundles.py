@@ -44,7 +44,8 @@ def _every_block(spec: ModelSpec) -> AdmissionPolicy:
     return EveryBlockAdmission()
 
 
-def _jenga_admission(spec: ModelSpec) -> AdmissionPolicy:
+def jenga_admission(spec: ModelSpec) -> AdmissionPolicy:
+    """The jenga bundle's admission: speculative, short branches only where popular."""
     return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec), short_branch_fanout=2)
 
 
@@ -76,7 +77,7 @@ BUNDLES: dict[str, Bundle] = {
             "jenga",
             "speculative admission (no checkpoints at short branches) + FLOP-aware eviction "
             "that drops superseded checkpoints first + sliding re-tuning",
-            _jenga_admission,
+            jenga_admission,
             JengaEviction,
             SlidingTuner,
         ),

@@ -6,14 +6,14 @@ from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
-from jenga_sglang.policies.bundles import min_branch_tokens
+from jenga_sglang.policies.bundles import jenga_admission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.tuning import AlphaTuner, SlidingTuner
 
 
 def build_admission(options: JengaOptions, spec: ModelSpec) -> AdmissionPolicy:
     if options.admission == "jenga":
-        return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec))
+        return jenga_admission(spec)
     if options.admission == "speculative":
         return SpeculativeAdmission()
     if options.admission == "every-block":
