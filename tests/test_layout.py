@@ -27,9 +27,10 @@ print(json.dumps(out))
 """
 
 
-def probe(*names: str) -> dict[str, str | None]:
+def run_in_root(code: str, *args: str) -> str:
+    """stdout of `python -c code args` run from the repository root, as a user would."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *names],
+        [sys.executable, "-c", code, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -37,21 +38,16 @@ def probe(*names: str) -> dict[str, str | None]:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    result: dict[str, str | None] = json.loads(done.stdout)
+    return done.stdout
+
+
+def probe(*names: str) -> dict[str, str | None]:
+    result: dict[str, str | None] = json.loads(run_in_root(_PROBE, *names))
     return result
 
 
 def test_import_kernels_from_the_repo_root_gets_the_pypi_package():
-    done = subprocess.run(
-        [sys.executable, "-c", "import kernels; print(kernels.__file__)"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    origin = Path(done.stdout.strip()).resolve()
+    origin = Path(run_in_root("import kernels; print(kernels.__file__)").strip()).resolve()
     assert "site-packages" in origin.parts
     assert ROOT / "kernels" not in origin.parents
 
