@@ -30,8 +30,9 @@ import pickle
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -58,14 +59,21 @@ class TuningLog:
     history: list[tuple[int, float]] = field(default_factory=list)  # (request index, alpha)
 
 
-def snapshot(cache: PrefixCache) -> bytes:
-    """A restorable copy of the whole cache (tree, memory accounting, policy indexes)."""
+@contextmanager
+def _deep_recursion() -> Iterator[None]:
+    """pickle recurses once per tree level (node -> children -> node): allow deep trees."""
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 100_000))
     try:
-        return pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL)
+        yield
     finally:
         sys.setrecursionlimit(limit)
+
+
+def snapshot(cache: PrefixCache) -> bytes:
+    """A restorable copy of the whole cache (tree, memory accounting, policy indexes)."""
+    with _deep_recursion():
+        return pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class Objective(Enum):
@@ -77,12 +85,8 @@ class Objective(Enum):
 
 def replay_score(snap: bytes, window: Sequence[Recorded], alpha: float) -> tuple[float, int]:
     """(FLOPs saved, tokens hit) by replaying `window` from `snap` with the given alpha."""
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 100_000))
-    try:
+    with _deep_recursion():
         cache: PrefixCache = pickle.loads(snap)
-    finally:
-        sys.setrecursionlimit(limit)
     cache.eviction.alpha = alpha
     saved, hits = 0.0, 0
     for i, (inp, out) in enumerate(window):
