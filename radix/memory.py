@@ -301,19 +301,14 @@ class ByteBudget(CacheMemory):
 
     def usage(self, ptype: PageType) -> Usage:
         size = self._sizes[ptype]
-        total = self._capacity // size
         used, evictable = self._used[ptype], self._evictable[ptype]
-        free_pages = (self._capacity - self._held) // size
-        return (
-            Usage(
-                total=used + evictable + free_pages,
-                free=free_pages,
-                evictable=evictable,
-                used=used,
-                page_bytes=size,
-            )
-            if total
-            else Usage(0, 0, 0, 0, size)
+        free_pages = (self._capacity - self._held) // size  # if every free byte went to ptype
+        return Usage(
+            total=used + evictable + free_pages,
+            free=free_pages,
+            evictable=evictable,
+            used=used,
+            page_bytes=size,
         )
 
     def check_integrity(self) -> None:
