@@ -1,0 +1,100 @@
+"""Run Triton kernels (ours, the reference libraries', SGLang's) with Triton's CPU interpreter.
+
+One copy of the patches, used by the tests (tests/triton_cpu.py) and by the SGLang plugin when a
+server runs on a machine without CUDA under ``TRITON_INTERPRET=1`` (docs/e2e-cpu.md). Nothing
+here runs on a GPU machine: :func:`sglang_needs_cpu_patches` is False there.
+
+What and why:
+- ``torch.cuda.device`` / ``torch.cpu.device`` become no-op context managers: kernel launchers
+  wrap launches in ``with torch.get_device_module(x.device).device(...)``, and ``torch.cpu`` has
+  no ``device`` (``AttributeError: module 'torch.cpu' has no attribute 'device'``).
+- Every autotuner uses only its first config: benchmarking configs needs a GPU driver even under
+  the interpreter (``RuntimeError: 0 active drivers``) and would measure nothing on CPU. The
+  patch acts when a kernel runs, so kernels defined before the patch are covered too.
+- SGLang's ``MambaMixer2`` binds ``causal_conv1d_fn[_triton]`` / ``causal_conv1d_update[_triton]``
+  only on CUDA, NPU and XPU; on CPU the names are missing (``NameError`` at the first prefill).
+  We bind them to SGLang's portable Triton implementation, as its XPU branch does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_MAMBA_MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
+_FIRST_CONFIG_FLAG = "_jenga_first_config_only"
+
+
+@contextlib.contextmanager
+def _no_device(*_args: Any, **_kwargs: Any) -> Iterator[None]:
+    yield
+
+
+def patch_device_context() -> None:
+    """``torch.cuda.device`` / ``torch.cpu.device`` as no-op context managers."""
+    import torch
+
+    torch.cuda.device = _no_device  # type: ignore[assignment,misc]
+    torch.cpu.device = _no_device  # type: ignore[attr-defined]
+
+
+def limit_autotuner() -> None:
+    """Every ``triton.autotune`` kernel runs its first config, unbenchmarked (idempotent)."""
+    from triton.runtime import autotuner
+
+    original = autotuner.Autotuner.run
+    if getattr(original, _FIRST_CONFIG_FLAG, False):
+        return
+
+    def run_first_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self.configs = list(self.configs)[:1]
+        return original(self, *args, **kwargs)
+
+    setattr(run_first_config, _FIRST_CONFIG_FLAG, True)
+    autotuner.Autotuner.run = run_first_config
+
+
+def bind_sglang_conv_kernels() -> list[str]:
+    """Bind the causal-conv names SGLang's Mamba mixer leaves unbound on CPU; returns them."""
+    import importlib
+
+    from sglang.kernels.ops.mamba import causal_conv1d_triton as portable
+
+    mixer = importlib.import_module(_MAMBA_MIXER_MODULE)
+    bound = []
+    for name, kernel in (
+        ("causal_conv1d_fn", portable.causal_conv1d_fn),
+        ("causal_conv1d_fn_triton", portable.causal_conv1d_fn),
+        ("causal_conv1d_update", portable.causal_conv1d_update),
+        ("causal_conv1d_update_triton", portable.causal_conv1d_update),
+    ):
+        if not hasattr(mixer, name):
+            setattr(mixer, name, kernel)
+            bound.append(name)
+    return bound
+
+
+def sglang_needs_cpu_patches() -> bool:
+    """True in a process that serves with the Triton interpreter on a machine without CUDA."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def install_for_sglang() -> None:
+    """All three patches, for an SGLang process (called from the plugin's ``register``)."""
+    patch_device_context()
+    limit_autotuner()
+    bound = bind_sglang_conv_kernels()
+    logger.info(
+        "jenga: Triton CPU interpreter patches applied (pid %d; bound %s)",
+        os.getpid(),
+        ", ".join(bound) or "nothing",
+    )
