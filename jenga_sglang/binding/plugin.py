@@ -8,8 +8,14 @@ scheduler process. It registers, through SGLang's own HookRegistry:
   `--enable-jenga` selects `--radix-cache-backend jenga` in the namespace SGLang reads;
 * AFTER `ServerArgs.from_cli_args`: our options ride on the record as a bookkeeping attribute,
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
+* AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: a prefill chunk of a request served
+  by our cache ends exactly at its planned branch point (binding/prefill_cut.py);
 
 and the radix-cache backend `jenga` (registered before parsing, so the flag accepts the name).
+
+On a machine without CUDA running under ``TRITON_INTERPRET=1`` it also applies the Triton CPU
+interpreter patches (jenga_sglang/cpu_interpreter.py) in each process, so that stock SGLang can
+serve a hybrid model on CPU (docs/e2e-cpu.md); elsewhere it changes nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -57,11 +63,20 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from jenga_sglang.binding import prefill_cut
     from jenga_sglang.binding.factory import build_tree_cache
+    from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
+    if sglang_needs_cpu_patches():
+        install_for_sglang()  # idempotent: safe before the early return below
     if BACKEND_NAME in registered_radix_cache_backends():
         return
     register_radix_cache_backend(BACKEND_NAME, build_tree_cache)
     HookRegistry.register(f"{_SERVER_ARGS}.add_cli_args", _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _before_from_cli_args, HookType.BEFORE)
     HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _after_from_cli_args, HookType.AFTER)
+    adder = prefill_cut.ADDER
+    HookRegistry.register(f"{adder}.add_one_req", prefill_cut.around_add_one_req, HookType.AROUND)
+    HookRegistry.register(
+        f"{adder}.add_chunked_req", prefill_cut.around_add_chunked_req, HookType.AROUND
+    )
