@@ -197,7 +197,8 @@ def _radix_cache(
         from jenga_sglang.binding.backend import JengaRadixCache
         from jenga_sglang.binding.options import JengaOptions
 
-        return JengaRadixCache(init, spec, JengaOptions(enabled=True))
+        # The pure replay's `jenga` bundle: traces resend replies verbatim, so no prompt-end state.
+        return JengaRadixCache(init, spec, JengaOptions(enabled=True, prompt_end=False))
     return UnifiedRadixCache(params=init)
 
 

@@ -4,7 +4,8 @@ speculative (Marconi)
     Before prefill, a speculative insertion of the input finds where it leaves the tree (the
     branch point). If that point is not already a checkpointed node end, checkpoint the state
     exactly there during prefill: it is a prefix shared by at least two requests. After decoding,
-    checkpoint the state after the last decoded token. At most two new states per request.
+    checkpoint the state after the last decoded token. At most two new states per request;
+    with `prompt_end`, also the state at the end of the input (three).
 
 every-block (vLLM+ style)
     A state every `block` tokens; only whole blocks are cached.
@@ -26,10 +27,21 @@ class SpeculativeAdmission(AdmissionPolicy):
     children): a chat template's opening tokens or a common first word are shared by almost
     every conversation, but a checkpoint there saves a handful of tokens per hit and costs a
     whole state (as much as 409 tokens of KV with marconi-7b), so it must be popular to pay off.
+
+    With `prompt_end`, the state after the whole input is kept too. A served conversation's next
+    prompt repeats this prompt but not always the reply as it was generated: chat templates
+    re-render the reply (stripped reasoning, end-of-turn markers, re-tokenised text), so the
+    state after the last decoded token may lie off the next prompt's path while the prompt end
+    lies on it. When the next request does resume from the last decoded token, the prompt-end
+    state is an ancestor nobody needs, which eviction can drop first.
     """
 
     def __init__(
-        self, max_states: int = 2, min_branch_tokens: int = 0, short_branch_fanout: int = 2
+        self,
+        max_states: int = 2,
+        min_branch_tokens: int = 0,
+        short_branch_fanout: int = 2,
+        prompt_end: bool = False,
     ) -> None:
         if max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {max_states}")
@@ -41,12 +53,22 @@ class SpeculativeAdmission(AdmissionPolicy):
         self.max_states = max_states
         self.min_branch_tokens = min_branch_tokens
         self.short_branch_fanout = short_branch_fanout
+        self.prompt_end = prompt_end
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         prefill: tuple[int, ...] = ()
         if self._wants(branch) and hit_len < branch.length <= input_len and self.max_states >= 2:
             prefill = (branch.length,)
+        if self._wants_prompt_end(branch, input_len, total_len, hit_len, prefill):
+            prefill += (input_len,)
         return CheckpointPlan(prefill_at=prefill, finish_at=(total_len,), cache_len=total_len)
+
+    def _wants_prompt_end(
+        self, branch: Branch, input_len: int, total_len: int, hit_len: int, planned: tuple[int, ...]
+    ) -> bool:
+        if not self.prompt_end or not hit_len < input_len < total_len or input_len in planned:
+            return False
+        return not (branch.length == input_len and branch.checkpointed)
 
     def _wants(self, branch: Branch) -> bool:
         if branch.length == 0 or branch.checkpointed:

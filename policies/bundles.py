@@ -44,9 +44,12 @@ def _every_block(spec: ModelSpec) -> AdmissionPolicy:
     return EveryBlockAdmission()
 
 
-def jenga_admission(spec: ModelSpec) -> AdmissionPolicy:
-    """The jenga bundle's admission: speculative, short branches only where popular."""
-    return SpeculativeAdmission(min_branch_tokens=min_branch_tokens(spec), short_branch_fanout=2)
+def jenga_admission(spec: ModelSpec, prompt_end: bool = False) -> AdmissionPolicy:
+    """The jenga bundle's admission: speculative, short branches only where popular; with
+    `prompt_end` (the server's default) also the state at the end of each input."""
+    return SpeculativeAdmission(
+        min_branch_tokens=min_branch_tokens(spec), short_branch_fanout=2, prompt_end=prompt_end
+    )
 
 
 BUNDLES: dict[str, Bundle] = {

@@ -60,7 +60,7 @@ def _expected(sg: Any, tokens: Sequence[int]) -> float:
 class Session:
     """One engine: SGLang pools + our cache, serving requests as the scheduler does."""
 
-    def __init__(self, sg: Any, admission: str = "speculative") -> None:
+    def __init__(self, sg: Any, admission: str = "speculative", prompt_end: bool = False) -> None:
         from jenga_sglang.binding.backend import JengaRadixCache
         from jenga_sglang.binding.options import JengaOptions
         from jenga_sglang.models import get_spec
@@ -71,7 +71,9 @@ class Session:
         self.pool = params.req_to_token_pool
         self.alloc = params.token_to_kv_pool_allocator
         self.cache = JengaRadixCache(
-            params, get_spec("nemotron-h-8b"), JengaOptions(enabled=True, admission=admission)
+            params,
+            get_spec("nemotron-h-8b"),
+            JengaOptions(enabled=True, admission=admission, prompt_end=prompt_end),
         )
         self.rid = 0
 
@@ -237,6 +239,25 @@ def test_without_the_cut_no_branch_state(sg: Any) -> None:
     s.serve(c, [5, 6])
     assert s.state_node(a, 70).state is None
     assert s.cache.states_admitted == 2  # the two finish states only
+    s.slots_balance()
+
+
+def test_prompt_end_state_is_captured_after_the_last_chunk(sg: Any) -> None:
+    """The next turn repeats the prompt but re-renders the reply: it resumes at the prompt end."""
+    s = Session(sg, prompt_end=True)
+    a = _tokens(0, 100)
+    first = s.admit(a, 2)
+    assert first.mamba_branching_seqlen == 100  # the only planned state: no cut needed
+    s.prefill(first, 1)  # chunks end at 64 and 100
+    s.decode_and_finish(first, a, [1, 2])
+    node = s.state_node(a, 100)
+    assert s.read(node.state.ids()[0]) == _expected(sg, a)
+    assert s.state_node([*a, 1], 101).state is not None  # and the finish state
+    rendered = [*a, 9, 9, *_tokens(4, 20, base=30)]  # the reply came back as 9 9
+    hit, seeded = s.serve(rendered, [3, 4])
+    assert hit == 100 and seeded == _expected(sg, a)
+    assert s.cache.states_admitted == 4  # prompt end and finish of each request
+    assert s.state_node([*rendered, 3], len(rendered) + 1).state is not None
     s.slots_balance()
 
 

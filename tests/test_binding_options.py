@@ -32,6 +32,9 @@ def test_defaults_and_values() -> None:
     ns = _parse("--enable-jenga", "--jenga-alpha", "0.25", "--jenga-admission", "speculative")
     check_conflicts(ns)
     assert options_from_namespace(ns) == JengaOptions(True, "speculative", "jenga", 0.25)
+    assert options_from_namespace(ns).prompt_end  # on unless switched off
+    off = _parse("--enable-jenga", "--no-jenga-prompt-end")
+    assert options_from_namespace(off).prompt_end is False
     assert options_from_namespace(_parse("--enable-jenga", "--jenga-alpha", "auto")).alpha is None
 
 
@@ -47,6 +50,7 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
         (("--enable-jenga", "--disable-radix-cache"), "--disable-radix-cache"),
         (("--enable-jenga", "--radix-cache-backend", "flexkv"), "--radix-cache-backend flexkv"),
         (("--jenga-eviction", "lru"), "--jenga-eviction given without --enable-jenga"),
+        (("--no-jenga-prompt-end",), "jenga-prompt-end given without --enable-jenga"),
     ],
 )
 def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:

@@ -23,17 +23,21 @@ _PROBE = textwrap.dedent(
     def scheduler_side(blob, queue):
         # A fresh (spawned) process, like SGLang's scheduler: plugins load again.
         load_plugins()
+        from sglang.srt.managers.schedule_policy import PrefillAdder
         from sglang.srt.mem_cache.registry import get_radix_cache_factory
         args = pickle.loads(blob)
         queue.put((args.radix_cache_backend, repr(args._jenga_options),
-                   get_radix_cache_factory("jenga") is not None))
+                   get_radix_cache_factory("jenga") is not None,
+                   PrefillAdder.add_one_req.__module__, PrefillAdder.add_chunked_req.__name__,
+                   getattr(PrefillAdder.add_chunked_req, "__wrapped__", None) is not None))
 
 
     if __name__ == "__main__":
         load_plugins()
         from sglang.srt.server_args import prepare_server_args
         args = prepare_server_args(["--model-path", "dummy", "--enable-jenga",
-                                    "--jenga-alpha", "0.5", "--jenga-eviction", "flop-aware"])
+                                    "--jenga-alpha", "0.5", "--jenga-eviction", "flop-aware",
+                                    "--no-jenga-prompt-end"])
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         child = ctx.Process(target=scheduler_side, args=(pickle.dumps(args), queue))
@@ -62,7 +66,8 @@ def _run(args: list[str], tmp_path: Path) -> str:
 
 def test_flags_in_help(tmp_path: Path) -> None:
     text = _run(["-m", "sglang.launch_server", "--help"], tmp_path)
-    for flag in ("--enable-jenga", "--jenga-admission", "--jenga-eviction", "--jenga-alpha"):
+    flags = ("--enable-jenga", "--jenga-admission", "--jenga-eviction", "--jenga-alpha")
+    for flag in (*flags, "--jenga-prompt-end", "--no-jenga-prompt-end"):
         assert flag in text
     assert "FLOP efficiency against recency" in text
 
@@ -73,7 +78,8 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     text = _run([str(probe)], tmp_path)
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
-        "eviction='flop-aware', alpha=0.5)\", True)"
+        "eviction='flop-aware', alpha=0.5, prompt_end=False)\", True, "
+        "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text
     assert "ERROR --enable-jenga conflicts with --disable-radix-cache" in text
     assert "OK ['--enable-jenga', '--radix-cache-backend', 'jenga']" in text

@@ -53,6 +53,41 @@ def test_short_branches_are_checkpointed_only_where_popular(branch, expected):  
     assert admission.plan(branch, 60, 90, 0).prefill_at == expected
 
 
+@pytest.mark.parametrize(
+    ("branch", "hit", "expected_prefill"),
+    [
+        (Branch(37, False, False), 0, (37, 60)),  # the branch point, then the prompt end
+        (Branch(0, True, True), 0, (60,)),  # nothing shared: the prompt end alone
+        (Branch(60, True, True), 59, ()),  # the prompt end is checkpointed already
+        (Branch(60, False, False), 0, (60,)),  # the whole input is in the tree: one state there
+    ],
+)
+def test_prompt_end_adds_the_state_after_the_whole_input(branch, hit, expected_prefill):  # type: ignore[no-untyped-def]
+    admission = SpeculativeAdmission(prompt_end=True)
+    plan = admission.plan(branch, input_len=60, total_len=90, hit_len=hit)
+    assert plan.prefill_at == expected_prefill
+    assert plan.finish_at == (90,)
+
+
+def test_prompt_end_is_left_to_the_finish_state_when_nothing_is_decoded():
+    plan = SpeculativeAdmission(prompt_end=True).plan(Branch(37, False, False), 60, 60, 0)
+    assert (plan.prefill_at, plan.finish_at) == ((37,), (60,))
+
+
+def test_prompt_end_state_lets_a_re_rendered_reply_resume_at_the_prompt():
+    """The next turn repeats the prompt but not the reply as generated (a chat template
+    re-renders it): only the prompt-end state is on the next turn's path."""
+    spec = hybrid_spec()
+    turn2 = seq(0, 30).concat(toks(700, 701, 702))  # reply re-rendered as 700..702
+    plain = make_cache(spec)
+    plain.serve(seq(0, 30), toks(900, 901), owner=1)
+    assert plain.serve(turn2, toks(903), owner=2).hit_tokens == 0
+    with_end = make_cache(spec, admission=SpeculativeAdmission(prompt_end=True))
+    with_end.serve(seq(0, 30), toks(900, 901), owner=1)
+    assert with_end.serve(turn2, toks(903), owner=2).hit_tokens == 30
+    with_end.check_integrity()
+
+
 def test_every_block_checkpoints_whole_blocks_only():
     plan = EveryBlockAdmission(32).plan(
         Branch(0, True, True), input_len=70, total_len=100, hit_len=32

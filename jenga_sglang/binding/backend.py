@@ -97,6 +97,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         )
         self.hit_tokens = 0
         self.states_admitted = 0
+        self._planned: dict[str, tuple[int, ...]] = {}  # request id -> planned state positions
         self.metrics: JengaMetrics | None = None
         if params.enable_metrics:
             self.init_metrics_collector()
@@ -178,7 +179,9 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         found = self.cache.match(tokens)
         self.hit_tokens += found.length
         node = found.node if found.node is not None else self.root_node
-        branch = self._branch_point(tokens, found)
+        planned = self._plan(params, found)
+        if params.req is not None:
+            self._planned[params.req.rid] = planned
         if params.cow_mamba and params.req is not None and found.state is not None:
             self._seed(params.req, found)
         self.sync_metrics()
@@ -187,17 +190,26 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             last_device_node=node,
             last_host_node=node,
             best_match_node=node,
-            mamba_branching_seqlen=branch,
+            mamba_branching_seqlen=planned[0] if planned else None,
             full_kv_hit_length=found.walk.length,
         )
 
-    def _branch_point(self, tokens: TokenSeq, found: TreeMatch) -> int | None:
-        """The exact position our admission checkpoints during this prefill, if any."""
+    def _plan(self, params: MatchPrefixParams, found: TreeMatch) -> tuple[int, ...]:
+        """The exact positions our admission checkpoints during this prefill, ascending.
+
+        The match key may be capped short of the input (SGLang recomputes the last token), so
+        positions are planned against the whole input `params.key.token_ids`:
+
+            0 ...... hit ...... branch ...... len(input)
+                      |-- prefill: states captured at the planned positions --|
+        """
         if self.state_type is None:
-            return None
-        plan = self.cache.plan(tokens, found, len(tokens))
-        inside = [p for p in plan.prefill_at if found.length < p <= len(tokens)]
-        return inside[0] if inside else None
+            return ()
+        input_len = len(params.key.token_ids)
+        plan = self.cache.plan(
+            TokenSeq.of(params.key.token_ids), found, input_len + _decode_budget(params.req)
+        )
+        return tuple(sorted(p for p in plan.prefill_at if found.length < p <= input_len))
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
         """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
@@ -300,12 +312,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         a running one forks it only at its planned branch point."""
         finished = bool(req.finished())
         if self.disable:
+            self._planned.pop(req.rid, None)
             if finished and self.handover is not None:
                 self.handover.release(req)
             return
         captured = None
         if self.handover is not None:
-            captured = self.handover.capture(req, up_to, finished)
+            planned = self._planned.pop(req.rid, ()) if finished else self._planned.get(req.rid, ())
+            captured = self.handover.capture(req, up_to, finished, planned)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         tokens = TokenSeq.of(list(req.full_untruncated_fill_ids[:up_to]))
         result = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), _at(captured))
@@ -336,6 +350,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
+        self._planned.pop(req.rid, None)
         if not checkpointed and self.handover is not None:
             self.handover.release(req)
         self.sync_metrics()  # the request's lock is gone: its pages turned evictable
@@ -388,6 +403,13 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def sanity_check(self) -> None:
         self.cache.check_integrity()
+
+
+def _decode_budget(req: Any) -> int:
+    """Tokens the request may still decode (its final length is unknown before it finishes)."""
+    params = getattr(req, "sampling_params", None)
+    budget = getattr(params, "max_new_tokens", None)
+    return max(0, int(budget)) if budget is not None else 0
 
 
 def _at(captured: Captured | None) -> tuple[int, int] | None:

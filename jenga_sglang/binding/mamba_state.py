@@ -6,8 +6,9 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
   `req.kv.mamba_cow_src_index` names the cached slot; SGLang's forward copies it into the live
   slot before the prefill runs (`ScheduleBatch._collect_deferred_mamba_cow_and_clear`, then the
   model runner). The hit node stays locked by the request until then.
-* **running checkpoint** (`capture`, unfinished): only the state our admission asked for (the
-  request's `mamba_branching_seqlen`) enters the tree. Without the extra buffer
+* **running checkpoint** (`capture`, unfinished): only a state our admission planned (the
+  branch point, which SGLang sees as `mamba_branching_seqlen`, and the prompt end) enters the
+  tree. Without the extra buffer
   (`--mamba-radix-cache-strategy no_buffer`) the live slot holds the state after exactly
   `up_to` tokens (the chunk just ended there), so it is forked into a fresh slot. With the
   extra buffer the state SGLang tracked (`mamba_last_track_seqlen`, a ping-pong slot) is donated
@@ -23,7 +24,7 @@ Mamba component does, so every slot has exactly one owner afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,16 +84,19 @@ class StateHandOver:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def capture(self, req: Any, up_to: int, finished: bool) -> Captured | None:
-        """The state the tree may adopt at this checkpoint, or None (KV only)."""
+    def capture(
+        self, req: Any, up_to: int, finished: bool, planned: Collection[int] = ()
+    ) -> Captured | None:
+        """The state the tree may adopt at this checkpoint, or None (KV only). A running
+        request's state is offered only at a position our admission `planned`."""
         if not req.kv.holds_mamba:
             return None
         if self.extra_buffer:
-            return self._capture_tracked(req, up_to, finished)
+            return self._capture_tracked(req, up_to, finished, planned)
         if finished:
             slot = req.kv.mamba_pool_idx.reshape(1).to(torch.int64)
             return Captured(up_to, slot, donated=True)
-        if up_to != req.mamba_branching_seqlen:
+        if up_to not in planned:
             return None
         fork = self.alloc_slot()
         live = req.kv.mamba_pool_idx.reshape(1)
@@ -100,7 +104,9 @@ class StateHandOver:
         self.pool.copy_mamba_state(translate(live), translate(fork))
         return Captured(up_to, fork.reshape(1).to(torch.int64), donated=False)
 
-    def _capture_tracked(self, req: Any, up_to: int, finished: bool) -> Captured | None:
+    def _capture_tracked(
+        self, req: Any, up_to: int, finished: bool, planned: Collection[int]
+    ) -> Captured | None:
         tracked = req.kv.mamba_last_track_seqlen
         if tracked is None or not 0 < tracked <= up_to:
             return None
@@ -108,7 +114,7 @@ class StateHandOver:
         if finished:
             slot = req.kv.mamba_ping_pong_track_buffer[keep].reshape(1).to(torch.int64)
             return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
-        if tracked != req.mamba_branching_seqlen:
+        if tracked not in planned:
             return None
         donated = self.pool.donate_mamba_ping_pong_slot(req, self.alloc_slot())
         return Captured(tracked, donated.reshape(1).to(torch.int64), donated=False)

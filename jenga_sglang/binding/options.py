@@ -37,12 +37,15 @@ class JengaOptions:
     """What `--enable-jenga` and its options asked for.
 
     `alpha` None means "auto" (online tuning); a float fixes the FLOP weight of eviction.
+    `prompt_end` keeps the SSM state at the end of each prompt (speculative admissions): on by
+    default in a server, where clients resend a conversation with the reply re-rendered.
     """
 
     enabled: bool = False
     admission: str = "jenga"
     eviction: str = "jenga"
     alpha: float | None = None
+    prompt_end: bool = True
 
 
 def parse_alpha(text: str) -> float | None:
@@ -92,6 +95,14 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         help="Weight of FLOP efficiency against recency in eviction: 'auto' tunes it online "
         "(default), a float fixes it.",
     )
+    group.add_argument(
+        "--jenga-prompt-end",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Also keep the SSM state at the end of each prompt (default: on). A chat client's "
+        "next turn repeats the prompt but may re-render the reply, so the state after the last "
+        "decoded token can miss where the prompt-end state hits.",
+    )
 
 
 def check_conflicts(args: argparse.Namespace) -> None:
@@ -104,6 +115,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
                 ("jenga_admission", "--jenga-admission"),
                 ("jenga_eviction", "--jenga-eviction"),
                 ("jenga_alpha", "--jenga-alpha"),
+                ("jenga_prompt_end", "--[no-]jenga-prompt-end"),
             )
             if getattr(args, attr, None) is not None
         ]
@@ -124,9 +136,11 @@ def check_conflicts(args: argparse.Namespace) -> None:
 def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
     """Our options from a parsed namespace (after `check_conflicts`)."""
     alpha = getattr(args, "jenga_alpha", None)
+    prompt_end = getattr(args, "jenga_prompt_end", None)
     return JengaOptions(
         enabled=bool(getattr(args, "enable_jenga", False)),
         admission=getattr(args, "jenga_admission", None) or "jenga",
         eviction=getattr(args, "jenga_eviction", None) or "jenga",
         alpha=alpha if isinstance(alpha, float) else None,
+        prompt_end=True if prompt_end is None else bool(prompt_end),
     )

@@ -13,9 +13,9 @@ from jenga_sglang.policies.tuning import AlphaTuner, SlidingTuner
 
 def build_admission(options: JengaOptions, spec: ModelSpec) -> AdmissionPolicy:
     if options.admission == "jenga":
-        return jenga_admission(spec)
+        return jenga_admission(spec, prompt_end=options.prompt_end)
     if options.admission == "speculative":
-        return SpeculativeAdmission()
+        return SpeculativeAdmission(prompt_end=options.prompt_end)
     if options.admission == "every-block":
         return EveryBlockAdmission()
     raise ValueError(f"--jenga-admission: unknown policy {options.admission!r}")
