@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean tiny-model
+.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ tiny-model: data/tiny-model/model.safetensors
 
 data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 	$(PY) scripts/make_tiny_model.py --out data/tiny-model
+
+# Serve the tiny model with SGLang on CPU, stock and with --enable-jenga; one JSON summary
+# (docs/e2e-cpu.md). About 10 minutes on 2 cores.
+e2e-cpu: tiny-model
+	$(PY) -m jenga_sglang.bench.e2e_cpu --model data/tiny-model --out out/e2e
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,140 @@
+"""Start and stop an SGLang server on loopback for the CPU end-to-end runs (docs/e2e-cpu.md).
+
+The server runs in its own process group so that stopping it also stops the scheduler and
+detokenizer processes it spawns; every wait is bounded, and a server that dies or never gets
+ready raises `ServerError` with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+# What SGLang 0.5.23 needs to serve a hybrid model on a CPU (docs/e2e-cpu.md has each reason).
+CPU_FLAGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-cuda-graph",
+    "--dtype", "float32",
+    "--mamba-radix-cache-strategy", "no_buffer",
+    "--disable-overlap-schedule",
+    "--skip-server-warmup",
+    "--enable-cache-report",
+    "--mem-fraction-static", "0.05",
+    "--max-total-tokens", "4096",
+)  # fmt: skip
+
+
+class ServerError(RuntimeError):
+    """The server exited or did not become ready in time (the message quotes its log)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+class LocalServer:
+    """`python -m sglang.launch_server` on 127.0.0.1, as a context manager.
+
+    >>> with LocalServer("data/tiny-model", ["--enable-jenga"], log=Path("out/s.log")) as s:
+    ...     s.url  # 'http://127.0.0.1:<port>'
+    """
+
+    def __init__(
+        self,
+        model: str,
+        extra_flags: Sequence[str] = (),
+        *,
+        log: Path,
+        ready_timeout_s: float = 600.0,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.ready_timeout_s = ready_timeout_s
+        self.argv = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port),
+            *CPU_FLAGS, *extra_flags,
+        ]  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LocalServer:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, TRITON_INTERPRET="1")  # Triton kernels run in the interpreter
+        with self.log.open("wb") as sink:
+            self._proc = subprocess.Popen(
+                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServerError(
+                    f"server exited with {self._proc.returncode} before it was ready; log "
+                    f"{self.log}:\n{_log_tail(self.log)}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        raise ServerError(
+            f"server not ready after {self.ready_timeout_s:.0f} s; log {self.log}:\n"
+            f"{_log_tail(self.log)}"
+        )
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after `grace_s`; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):  # children that outlived the launcher
+            os.killpg(proc.pid, signal.SIGKILL)
