@@ -63,8 +63,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--memory",
         default="bytes",
-        choices=("bytes", "jenga"),
-        help="byte budget (Marconi's accounting) or the Jenga two-level pool",
+        choices=("bytes", "jenga", "sglang-split"),
+        help="byte budget (Marconi's accounting), the Jenga two-level pool, or SGLang's static "
+        "KV/Mamba split of the budget (--mamba-full-memory-ratio 0.9)",
     )
     p.add_argument(
         "--check",
