@@ -84,8 +84,7 @@ class StaticSplitMemory(CacheMemory):
     def fits(self, demand: Mapping[PageType, int], *, empty: bool = False) -> bool:
         """Each type against its own pool: free Mamba slots do not hold KV, nor the reverse."""
         return all(
-            count <= self._total[t] - (0 if empty else self._used[t])
-            for t, count in demand.items()
+            count <= self._total[t] - (0 if empty else self._used[t]) for t, count in demand.items()
         )
 
     # ---- page moves ----------------------------------------------------------------------------
@@ -145,5 +144,8 @@ def split_memory(
         for g in spec.attention_groups
     }
     (mamba,) = spec.mamba_groups
-    pages[PageType(PageKind.STATE, spec.groups.index(mamba))] = (split.mamba_slots, split.state_bytes)
+    pages[PageType(PageKind.STATE, spec.groups.index(mamba))] = (
+        split.mamba_slots,
+        split.state_bytes,
+    )
     return StaticSplitMemory(budget_bytes, pages)
