@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from radix_helpers import hybrid_spec
@@ -25,6 +26,7 @@ from jenga_sglang.bench.long_batch import (
     summarize,
 )
 from jenga_sglang.bench.replay import PackedRequest, pack
+from jenga_sglang.bench.runner import RunConfig, run
 from jenga_sglang.bench.sglang_split import static_split
 from jenga_sglang.bench.split_memory import StaticSplitMemory, split_memory
 from jenga_sglang.bench.trace import Request
@@ -174,3 +176,20 @@ def test_cli_compares_both_memories_on_one_workload(capsys: pytest.CaptureFixtur
     assert runs["jenga"]["kv_pool_bytes"] == round(1.2e9)
     ours, theirs = (runs[m]["decode_batch_time_weighted"] for m in ("jenga", "sglang-split"))
     assert result["ratio"] == pytest.approx(ours / theirs)
+
+
+def test_replay_of_the_written_trace_matches_the_comparison(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`replay --mode engine --memory M` on the trace long-batch wrote runs the same engine."""
+    trace = str(tmp_path / "batch.jsonl.gz")
+    argv = ["long-batch", "--cache-gb", "1.2", "--requests", "3", "--min-input", "20000"]
+    argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "9", "--json"]
+    assert main([*argv, "--write-trace", trace]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    for memory in ("jenga", "sglang-split"):
+        config = RunConfig(trace, "nemotron-h-8b", 1.2, "sglang-lru", "engine", memory)
+        record = run(config)
+        assert record["makespan_s"] == pytest.approx(runs[memory]["makespan_s"])
+        assert record["ttft_mean_s"] == pytest.approx(runs[memory]["ttft_mean_s"])
+        assert record["decode_batch_max"] == runs[memory]["decode_batch_max"]
