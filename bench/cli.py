@@ -5,6 +5,7 @@
     jenga-bench report sweep.jsonl --out out/report
     jenga-bench traces build sharegpt --rate 1
     jenga-bench demo
+    jenga-bench long-batch --cache-gb 54,24,18,8 --plot out/long-batch.png
 
 Bad input (missing or malformed trace, unknown policy / model / mode) prints one line on
 stderr and exits with status 2. Subcommands import what they need when they run: the
@@ -63,8 +64,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--memory",
         default="bytes",
-        choices=("bytes", "jenga"),
-        help="byte budget (Marconi's accounting) or the Jenga two-level pool",
+        choices=("bytes", "jenga", "sglang-split"),
+        help="byte budget (Marconi's accounting), the Jenga two-level pool, or SGLang's static "
+        "KV/Mamba split of the budget (--mamba-full-memory-ratio 0.9)",
     )
     p.add_argument(
         "--check",
@@ -131,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jenga_sglang.bench.online import add_online_parser
 
     add_online_parser(sub)
+    from jenga_sglang.bench.long_batch_cli import add_long_batch_parser
+
+    add_long_batch_parser(sub)
     return parser
 
 

@@ -4,9 +4,11 @@ Requests arrive at their trace `ts`. Each engine step:
 
 1. admits waiting requests first come, first served (head-of-line blocking, as SGLang does): the
    head is matched against the tree and admitted only if every running request's *reserve*
-   plus its own fits in the memory that is free or evictable. A request's reserve is its
-   remaining prefill tokens plus min(output, `decode_reserve_tokens`) minus what it decoded
-   (KV bytes per token), plus one SSM state. The matched prefix is locked while it runs;
+   plus its own fits in the memory that is free or evictable (`CacheMemory.fits`: bytes for
+   memories whose bytes serve any page type, each type's own share for SGLang's static
+   KV/Mamba split). A request's reserve is its remaining prefill tokens plus
+   min(output, `decode_reserve_tokens`) minus what it decoded (one KV page per token in every
+   attention group), plus one SSM state. The matched prefix is locked while it runs;
 2. decodes one token for every request whose prefill is done: it feeds back the token at
    position p = input + decoded - 1 (FLOPs F(p + 1) - F(p), reads the KV of p + 1 tokens and
    the SSM state) and allocates the KV page of the token it produces. Then it spends up to
@@ -24,13 +26,14 @@ so it is not re-admitted only to be pushed out again. A request that cannot fit 
 rejected.
 
 TTFT = end of the step that produced the first token - arrival. Memory is sampled after each step as
-used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free.
+used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free, and as
+bytes held (used + evictable) by KV pages and by SSM state pages; each step's duration is kept.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,7 +42,7 @@ from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.policies.base import CheckpointPlan
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.memory import OutOfMemory, Pages
+from jenga_sglang.radix.memory import OutOfMemory, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
 
 
@@ -68,6 +71,10 @@ class EngineStats(ReplayStats):
     rejected: int = 0
     #: One row per step: (time, decode batch, prefill tokens, used, evictable, wasted, free bytes).
     timeline: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
+    #: One row per step: bytes held (used + evictable) by KV pages and by SSM state pages.
+    held_by_kind: list[tuple[int, int]] = field(default_factory=list)
+    #: One entry per step: its duration from the cost model.
+    step_seconds: list[float] = field(default_factory=list)
 
 
 class _Running:
@@ -79,7 +86,9 @@ class _Running:
         self.index, self.req, self.hit, self.anchor, self.plan = index, req, hit, anchor, plan
         self.done = hit  # input tokens whose KV exists (cached or prefilled)
         self.decoded = 0  # output tokens produced
-        self.kv: list[Pages] | None = None
+        # Per attention group, the runs of pages allocated step by step; joined once at insert
+        # (concatenating at every decode step would copy the whole run each time).
+        self.kv: list[list[Pages]] = []
         self.states: list[Pages] = []
 
     @property
@@ -107,8 +116,9 @@ class EngineSim:
         self.cost = cost or CostModel()
         self.config = config or EngineConfig()
         self.spec, self.memory = cache.spec, cache.memory
-        self.kv_bytes = self.spec.kv_bytes_per_token
         self.state_bytes = self.spec.state_bytes
+        self.kv_types = cache.tree.kv_types
+        self.state_type = cache.tree.state_type
         self.weights = weight_bytes(self.spec, self.cost.weight_dtype_bytes)
         self.waiting: deque[int] = deque()
         self.running: list[_Running] = []
@@ -141,26 +151,25 @@ class EngineSim:
 
     # ------------------------------------------------------------------ admission
 
-    def _reserve(self, run: _Running) -> int:
+    def _demand(self, kv_tokens: int, states: int) -> Counter[PageType]:
+        """Pages for `kv_tokens` tokens in every attention group plus `states` SSM states."""
+        demand: Counter[PageType] = Counter(dict.fromkeys(self.kv_types, kv_tokens))
+        if self.state_type is not None:
+            demand[self.state_type] = states
+        return demand
+
+    def _reserve(self, run: _Running) -> Counter[PageType]:
         req = run.req
         tokens = len(req.inp) - run.done
         # A retracted request reserves its whole output: otherwise it is re-admitted at once
         # and retracted again while the requests that pushed it out keep growing.
         cap = len(req.out) if run.index in self.retracted else self.config.decode_reserve_tokens
         tokens += max(0, min(len(req.out), cap) - run.decoded)
-        return tokens * self.kv_bytes + (0 if run.states else self.state_bytes)
-
-    def _available(self) -> int:
-        """Bytes free or evictable: what running requests may still claim."""
-        used = 0
-        for ptype in self.memory.page_types:
-            u = self.memory.usage(ptype)
-            used += u.used * u.page_bytes
-        return self.memory.capacity_bytes - used - self.memory.wasted_bytes()
+        return self._demand(tokens, 0 if run.states else 1)
 
     def _fits_alone(self, req: PackedRequest) -> bool:
-        total = len(req.inp) + len(req.out)
-        return total * self.kv_bytes + self.state_bytes <= self.memory.capacity_bytes
+        demand = self._demand(len(req.inp) + len(req.out), 1)
+        return self.memory.fits(demand, empty=True)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_running:
@@ -172,8 +181,10 @@ class EngineSim:
                 continue
             result = self.cache.tree.match(req.inp)
             run = _Running(index, req, result.length, result.node, CheckpointPlan())
-            committed = sum(self._reserve(r) for r in self.running)
-            if committed + self._reserve(run) > self._available():
+            committed = self._reserve(run)
+            for other in self.running:
+                committed.update(self._reserve(other))
+            if not self.memory.fits(committed):
                 if not self.running:  # nothing will free memory: it can never run
                     self.waiting.popleft()
                     self.stats.rejected += 1
@@ -202,7 +213,9 @@ class EngineSim:
                     first.append(run)
         prefill_tokens, prefilled = self._prefill_chunks()
         flops += sum(f for f, _ in prefill_tokens)
-        self.now += self.cost.step_seconds(flops, read)
+        seconds = self.cost.step_seconds(flops, read)
+        self.now += seconds
+        self.stats.step_seconds.append(seconds)
         for run in first + prefilled:
             if run in self.running:
                 self.first_token.setdefault(run.index, self.now)
@@ -254,22 +267,22 @@ class EngineSim:
                         self.stats.rejected += 1
                     return False
                 continue
-            run.kv = (
-                pages
-                if run.kv is None
-                else [a.concat(b) for a, b in zip(run.kv, pages, strict=True)]
-            )
+            if not run.kv:
+                run.kv = [[] for _ in pages]
+            for chunks, new in zip(run.kv, pages, strict=True):
+                chunks.append(new)
             return True
 
     def _release_pages(self, run: _Running) -> None:
         tree = self.cache.tree
-        for ptype, pages in zip(tree.kv_types, run.kv or [], strict=False):
-            if len(pages):
-                self.memory.free(ptype, pages)
+        for ptype, chunks in zip(tree.kv_types, run.kv, strict=False):
+            for pages in chunks:
+                if len(pages):
+                    self.memory.free(ptype, pages)
         if tree.state_type is not None:
             for state in run.states:
                 self.memory.free(tree.state_type, state)
-        run.kv, run.states = None, []
+        run.kv, run.states = [], []
 
     def _retract(self, run: _Running) -> None:
         self._release_pages(run)
@@ -311,10 +324,9 @@ class EngineSim:
             self.stats.uncached_requests += 1
             return
         keep = plan.cache_len - run.hit
-        assert run.kv is not None
         kv: list[Pages] = []
-        for ptype, pages in zip(tree.kv_types, run.kv, strict=True):
-            head, tail = pages.split(keep)
+        for ptype, chunks in zip(tree.kv_types, run.kv, strict=True):
+            head, tail = _join(chunks).split(keep)
             if len(tail):
                 self.memory.free(ptype, tail)
             kv.append(head)
@@ -324,20 +336,32 @@ class EngineSim:
         key = run.req.inp.concat(run.req.out).slice(0, plan.cache_len)
         mapping = dict(zip(positions, states, strict=False))
         tree.insert(key, run.hit, kv, mapping, self.cache.tick())
-        run.kv, run.states = None, []
+        run.kv, run.states = [], []
 
     def _record(self, decode_batch: int, prefill_tokens: int) -> None:
         used = evictable = 0
+        held = [0, 0]  # KV, SSM state
         for ptype in self.memory.page_types:
             u = self.memory.usage(ptype)
             used += u.used * u.page_bytes
             evictable += u.evictable * u.page_bytes
+            held[ptype.kind is PageKind.STATE] += (u.used + u.evictable) * u.page_bytes
         wasted = self.memory.wasted_bytes()
         free = self.memory.capacity_bytes - used - evictable - wasted
         self.stats.steps += 1
         self.stats.timeline.append(
             (self.now, decode_batch, prefill_tokens, used, evictable, wasted, free)
         )
+        self.stats.held_by_kind.append((held[0], held[1]))
+
+
+def _join(chunks: list[Pages]) -> Pages:
+    """One run of pages from many, joining pairwise (O(n log k) copies, not O(n k))."""
+    while len(chunks) > 1:
+        pairs = zip(chunks[::2], chunks[1::2], strict=False)
+        joined = [a.concat(b) for a, b in pairs]
+        chunks = joined + ([chunks[-1]] if len(chunks) % 2 else [])
+    return chunks[0]
 
 
 def replay_engine(

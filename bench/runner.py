@@ -27,7 +27,7 @@ from jenga_sglang.radix.memory import CacheMemory
 
 GB = 10**9
 MODES = ("sequential", "engine")
-MEMORIES = ("bytes", "jenga")
+MEMORIES = ("bytes", "jenga", "sglang-split")
 TIMELINE_POINTS = 400
 CDF_POINTS = 101
 
@@ -91,6 +91,10 @@ def build_memory(kind: str, spec: ModelSpec, cache_bytes: int) -> CacheMemory:
         from jenga_sglang.pool import JengaPool, geometry_for_spec
 
         return JengaPool(geometry_for_spec(spec), cache_bytes)
+    if kind == "sglang-split":
+        from jenga_sglang.bench.split_memory import split_memory
+
+        return split_memory(spec, cache_bytes)
     raise ValueError(f"unknown memory {kind!r}; known: {', '.join(MEMORIES)}")
 
 

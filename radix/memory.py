@@ -19,6 +19,7 @@ node) or evictable (cached by an unlocked node). Conservation law, per page type
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple, Protocol
@@ -203,6 +204,20 @@ class CacheMemory(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise AssertionError when the conservation law or ownership is broken."""
+
+    def fits(self, demand: Mapping[PageType, int], *, empty: bool = False) -> bool:
+        """Whether `demand` more pages could be had on top of the used ones once everything
+        evictable is evicted (with `empty`: in an empty memory). The engine admits on this.
+
+        Here bytes are fungible across types (a byte budget, the Jenga pool): the demand's bytes
+        against the capacity less used and wasted bytes. Memories with a fixed share per type
+        (SGLang's static KV/Mamba split) check each type against its own share instead.
+        """
+        need = sum(count * self.page_bytes(t) for t, count in demand.items())
+        if empty:
+            return need <= self.capacity_bytes
+        used = sum(self.usage(t).used * self.page_bytes(t) for t in self.page_types)
+        return need <= self.capacity_bytes - used - self.wasted_bytes()
 
     def _evict_until(self, ptype: PageType, satisfied: object) -> bool:
         """Ask the evictor for entries until `satisfied()` holds; False if it ran dry."""
