@@ -88,7 +88,10 @@ class RadixTree:
 
     def match(self, key: TokenSeq) -> MatchResult:
         """Longest prefix of `key` valid for every layer group (no side effects)."""
-        walk = self.walk(key)
+        return self.match_walk(self.walk(key))
+
+    def match_walk(self, walk: Walk) -> MatchResult:
+        """`match` for a key already walked."""
         length = longest_common_valid(self.rules, walk.path, walk.length)
         path = tuple(n for n in walk.path if n.start < length)
         return MatchResult(length, path, walk)
@@ -144,6 +147,7 @@ class RadixTree:
         kv: Sequence[Pages],
         states: Mapping[int, Pages],
         now: int,
+        walk: Walk | None = None,
     ) -> Node:
         """Cache `key`. The caller hands over pages it owns (used pages):
 
@@ -156,15 +160,19 @@ class RadixTree:
         one-page SSM checkpoint valid after tokens [0, p): the tree splits a node so that one
         ends at p (the state stays with the node whose end it represents). Returns the node
         ending at len(key). Bad input raises ValueError before anything changes.
+
+        `walk` may pass `self.walk(key)` when the caller has it (the tree must not have changed
+        along its path since: e.g. its last node was locked meanwhile).
         """
         self._validate_insert(key, start, kv, states)
-        walk = self.walk(key)
+        if walk is None:
+            walk = self.walk(key)
         if walk.length < start:
             raise ValueError(
                 f"insert claims {start} cached tokens but the tree holds only {walk.length} "
                 "(lock the matched prefix while computing the rest)"
             )
-        node = self._descend_splitting(key, walk.length)
+        node = self._node_ending_at(walk)
         kv = self._free_duplicates(key, start, walk.length, kv)
         if walk.length < len(key):
             node = self._add_leaf(node, key.slice(walk.length), kv, now)
@@ -196,6 +204,15 @@ class RadixTree:
                 raise ValueError(f"checkpoint position {pos} outside (0, {len(key)}]")
             if len(state) != 1:
                 raise ValueError(f"a checkpoint is one state page, got {len(state)}")
+
+    def _node_ending_at(self, walk: Walk) -> Node:
+        """The node ending exactly where `walk` stops, splitting its last node if needed."""
+        if not walk.path:
+            return self.root
+        last = walk.path[-1]
+        if last.end > walk.length:
+            return self._split(last, walk.length - last.start)
+        return last
 
     def _descend_splitting(
         self, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
