@@ -101,7 +101,7 @@ def replay_sequential(
         stats.states_planned += res.states_planned
         stats.uncached_requests += not res.cached
         if tuner is not None:
-            tuner.after_request(cache, req.inp, req.out)
+            tuner.after_request(cache, req.inp, req.out, res)
         if check:
             cache.check_integrity()
     stats.tuning_s = tuner.log.seconds if tuner is not None else 0.0
