@@ -78,18 +78,11 @@ class PrefixCache:
         return [pages for _, pages in got]
 
     def allocate_states(self, count: int, owner: int) -> list[Pages]:
+        """`count` one-page SSM states; all or nothing."""
         state_type = self.tree.state_type
         if state_type is None or count == 0:
             return []
-        got: list[Pages] = []
-        try:
-            for _ in range(count):
-                got.append(self.memory.alloc(state_type, 1, owner))
-        except OutOfMemory:
-            for pages in got:
-                self.memory.free(state_type, pages)
-            raise
-        return got
+        return self.memory.alloc_each(state_type, count, owner)
 
     def serve(self, input_tokens: TokenSeq, output_tokens: TokenSeq, owner: int) -> ServeResult:
         """Serve one request to completion (Marconi's sequential method).

@@ -171,6 +171,22 @@ class CacheMemory(ABC):
     @abstractmethod
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages: ...
 
+    def alloc_each(self, ptype: PageType, count: int, owner: int) -> list[Pages]:
+        """`count` separate one-page allocations, all or nothing.
+
+        Each page is allocated in turn (evicting as it needs); if one fails, the pages already
+        taken are freed and OutOfMemory raised, the evictions made so far staying made.
+        """
+        got: list[Pages] = []
+        try:
+            for _ in range(count):
+                got.append(self.alloc(ptype, 1, owner))
+        except OutOfMemory:
+            for pages in got:
+                self.free(ptype, pages)
+            raise
+        return got
+
     @abstractmethod
     def free(self, ptype: PageType, pages: Pages) -> None:
         """Give back used pages (a request's pages that never reached the tree, duplicates)."""
@@ -274,6 +290,20 @@ class ByteBudget(CacheMemory):
         if self._held > self._capacity:
             self.capacity_violations += 1
         return CountPages(count)
+
+    def alloc_each(self, ptype: PageType, count: int, owner: int) -> list[Pages]:
+        """One allocation of `count` pages when all fit, with the outcome of `count` in turn.
+
+        Successive one-page allocations evict victims in the policy's order until the bytes
+        held fit, so together they evict exactly what one allocation of all the bytes evicts.
+        They fail at the first page beyond what free plus evictable bytes can hold (evicting
+        does not change that sum); only then do the two differ, and the general loop runs.
+        """
+        size = self._sizes[ptype]
+        if count * size > self._capacity - self._held + self.evictable_bytes():
+            return super().alloc_each(ptype, count, owner)
+        self.alloc(ptype, count, owner)
+        return [CountPages(1) for _ in range(count)]
 
     def free(self, ptype: PageType, pages: Pages) -> None:
         self._move(ptype, len(pages), self._used, None)

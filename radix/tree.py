@@ -174,9 +174,11 @@ class RadixTree:
             )
         node = self._node_ending_at(walk)
         kv = self._free_duplicates(key, start, walk.length, kv)
+        held = {p: st for p, st in states.items() if p <= walk.length}
         if walk.length < len(key):
-            node = self._add_leaf(node, key.slice(walk.length), kv, now)
-        self._attach_states(key, states, now)
+            new = {p - walk.length: st for p, st in states.items() if p > walk.length}
+            node = self._add_leaf(node, key.slice(walk.length), kv, now, new)
+        self._attach_states(key, held, now)
         return node
 
     def _validate_insert(
@@ -253,12 +255,51 @@ class RadixTree:
             rest.append(tail)
         return rest
 
-    def _add_leaf(self, parent: Node, key: TokenSeq, kv: list[Pages], now: int) -> Node:
-        tombstones = [len(key) - len(pages) for pages in kv]
-        leaf = Node(self._new_id(), key, parent, kv, tombstones, now)
-        parent.children[key.head(0)] = leaf
-        self._set_pages_used(leaf, used=False)
-        self.policy.update(leaf)
+    def _add_leaf(
+        self,
+        parent: Node,
+        key: TokenSeq,
+        kv: list[Pages],
+        now: int,
+        states: Mapping[int, Pages] | None = None,
+    ) -> Node:
+        """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
+
+        `states` maps offsets into `key` (0 < offset <= len(key)) to checkpoints. Building the
+        chain directly gives the nodes, pages and ids that adding one leaf and splitting it at
+        each offset in turn would (the leaf takes the first id, the nodes above it the next
+        ones top-down), without re-slicing the leaf once per checkpoint.
+        """
+        states = states or {}
+        cuts = sorted(at for at in states if at < len(key))
+        for ptype, pages in zip(self.kv_types, kv, strict=True):
+            if len(pages):
+                self.memory.mark_evictable(ptype, pages)
+        leaf_id = self._new_id()
+        tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
+        chain: list[Node] = []
+        node, pos = parent, 0
+        for cut in cuts:
+            upper_kv: list[Pages] = []
+            upper_tomb: list[int] = []
+            for slot, pages in enumerate(kv):
+                upper_tomb.append(min(tombstones[slot], cut - pos))
+                head, kv[slot] = pages.split(cut - pos - upper_tomb[-1])
+                upper_kv.append(head)
+                tombstones[slot] -= upper_tomb[-1]
+            upper = Node(self._new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
+            node.children[upper.key.head(0)] = upper
+            chain.append(upper)
+            node, pos = upper, cut
+        leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
+        node.children[leaf.key.head(0)] = leaf
+        chain.append(leaf)
+        for created in chain:
+            state = states.get(created.end - parent.end)
+            if state is not None:
+                self._attach_state(created, state, now)  # updates the policy
+            else:
+                self.policy.update(created)
         if parent is not self.root:
             self.policy.update(parent)
         return leaf
