@@ -59,6 +59,7 @@ class TuningLog:
     tunings: int = 0
     failures: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time (replays in worker processes excluded)
     history: list[tuple[int, float]] = field(default_factory=list)  # (request index, alpha)
 
 
@@ -159,7 +160,7 @@ class AlphaTuner(ABC):
         `served` holds the cache's own results for the window's requests: when all are there,
         they score the alpha in force without a replay (see the module docstring).
         """
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             scores = self._scores(cache.eviction.alpha, snap, window, served)
         except Exception:
@@ -168,6 +169,7 @@ class AlphaTuner(ABC):
             return False
         finally:
             self.log.seconds += time.perf_counter() - start
+            self.log.cpu_seconds += time.process_time() - cpu_start
         pick = 0 if self.objective is Objective.FLOPS else 1
         best = max(range(len(self.grid)), key=lambda i: (scores[i][pick], -self.grid[i]))
         cache.eviction.alpha = self.grid[best]

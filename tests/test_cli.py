@@ -30,6 +30,8 @@ REPLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "capacity_violations": int,
     "wall_s": float,
     "tuning_s": float,
+    "cpu_s": float,
+    "tuning_cpu_s": float,
 }
 ENGINE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ttft_p50_s": float,
