@@ -292,17 +292,23 @@ class ByteBudget(CacheMemory):
         return CountPages(count)
 
     def alloc_each(self, ptype: PageType, count: int, owner: int) -> list[Pages]:
-        """One allocation of `count` pages when all fit, with the outcome of `count` in turn.
+        """`count` one-page allocations in turn, without a call per page when all fit.
 
-        Successive one-page allocations evict victims in the policy's order until the bytes
-        held fit, so together they evict exactly what one allocation of all the bytes evicts.
         They fail at the first page beyond what free plus evictable bytes can hold (evicting
-        does not change that sum); only then do the two differ, and the general loop runs.
+        does not change that sum): then the general loop runs. Otherwise each page evicts what
+        it needs and is counted, as `alloc` would (the same victims and the same peak).
         """
         size = self._sizes[ptype]
         if count * size > self._capacity - self._held + self.evictable_bytes():
             return super().alloc_each(ptype, count, owner)
-        self.alloc(ptype, count, owner)
+        for done in range(count):
+            if not self._evict_until(ptype, lambda: self._held + size <= self._capacity):
+                self._used[ptype] -= done
+                self._held -= done * size
+                raise OutOfMemory(f"evictor could not free {size} bytes for a {ptype} page")
+            self._used[ptype] += 1
+            self._held += size
+            self.peak_bytes = max(self.peak_bytes, self._held)
         return [CountPages(1) for _ in range(count)]
 
     def free(self, ptype: PageType, pages: Pages) -> None:

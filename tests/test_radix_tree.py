@@ -223,7 +223,8 @@ def test_checkpoints_inside_a_new_leaf_give_the_chain_that_splitting_gives():
 @pytest.mark.parametrize("count", [1, 3, 5, 9])
 def test_byte_budget_alloc_each_is_one_page_at_a_time(count: int):
     """ByteBudget's single-allocation shortcut evicts and fails exactly as successive one-page
-    allocations do (the generic CacheMemory.alloc_each), with and without enough room."""
+    allocations do (the generic CacheMemory.alloc_each), with and without enough room, and
+    records the same peak."""
     outcomes = []
     for each in (ByteBudget.alloc_each, CacheMemory.alloc_each):
         cache = make_cache(hybrid_spec(), budget=600)
@@ -235,6 +236,8 @@ def test_byte_budget_alloc_each_is_one_page_at_a_time(count: int):
             got = len(each(memory(cache), state_type, count, 0))
         except OutOfMemory:
             got = -1
-        outcomes.append((got, _shape(cache), memory(cache).usage(state_type)))
+        outcomes.append(
+            (got, _shape(cache), memory(cache).usage(state_type), memory(cache).peak_bytes)
+        )
         cache.check_integrity()
     assert outcomes[0] == outcomes[1]
