@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -172,14 +173,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from jenga_sglang.bench.runner import load_packed
+    from jenga_sglang.bench.runner import preload
     from jenga_sglang.bench.sweep import grid, sweep, write_records
 
     configs = _checked(
         lambda: grid(args.trace, args.model, args.cache_gb, args.policies, **_common(args))
     )
-    for path in dict.fromkeys(args.trace):
-        _checked(load_packed, path)
+    _checked(preload, args.trace, args.jobs or os.cpu_count() or 1)
     records = sweep(configs, jobs=args.jobs, progress=not args.no_progress)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -130,7 +130,7 @@ class EngineSim:
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> EngineStats:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         arrivals, n = 0, len(self.requests)
         while arrivals < n or self.waiting or self.running:
             while arrivals < n and self.requests[arrivals].ts <= self.now:
@@ -145,8 +145,7 @@ class EngineSim:
         st = self.stats
         st.makespan_s = self.now
         st.ttfts = [self.first_token[i] - self.requests[i].ts for i in sorted(self.first_token)]
-        st.tuning_s = self.tuner.log.seconds if self.tuner is not None else 0.0
-        st.wall_s = time.perf_counter() - start - st.tuning_s
+        st.finish_timing(start, cpu_start, self.tuner)
         return st
 
     # ------------------------------------------------------------------ admission

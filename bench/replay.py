@@ -42,7 +42,11 @@ def pack(requests: Iterable[Request]) -> list[PackedRequest]:
 
 @dataclass
 class ReplayStats:
-    """Totals of one replay. `wall_s` excludes alpha tuning, which is `tuning_s`."""
+    """Totals of one replay. `wall_s` excludes alpha tuning, which is `tuning_s`.
+
+    `cpu_s` and `tuning_cpu_s` are the same spans in this process's CPU time: on a shared
+    machine wall time also counts waiting for a core.
+    """
 
     requests: int = 0
     input_tokens: int = 0
@@ -54,6 +58,8 @@ class ReplayStats:
     uncached_requests: int = 0
     wall_s: float = 0.0
     tuning_s: float = 0.0
+    cpu_s: float = 0.0
+    tuning_cpu_s: float = 0.0
 
     def fields(self) -> dict[str, Any]:
         """The replay part of a run record (flat, JSON-able)."""
@@ -69,7 +75,16 @@ class ReplayStats:
             "uncached_requests": self.uncached_requests,
             "wall_s": self.wall_s,
             "tuning_s": self.tuning_s,
+            "cpu_s": self.cpu_s,
+            "tuning_cpu_s": self.tuning_cpu_s,
         }
+
+    def finish_timing(self, start: float, cpu_start: float, tuner: AlphaTuner | None) -> None:
+        """Set the time fields from perf_counter / process_time readings taken at the start."""
+        self.tuning_s = tuner.log.seconds if tuner is not None else 0.0
+        self.tuning_cpu_s = tuner.log.cpu_seconds if tuner is not None else 0.0
+        self.wall_s = time.perf_counter() - start - self.tuning_s
+        self.cpu_s = time.process_time() - cpu_start - self.tuning_cpu_s
 
     @property
     def token_hit_rate(self) -> float:
@@ -89,7 +104,7 @@ def replay_sequential(
     """Serve `requests` in order through `cache`; `check` verifies the tree after each one."""
     stats = ReplayStats()
     spec = cache.spec
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for i, req in enumerate(requests):
         res = cache.serve(req.inp, req.out, owner=i)
         stats.requests += 1
@@ -101,9 +116,8 @@ def replay_sequential(
         stats.states_planned += res.states_planned
         stats.uncached_requests += not res.cached
         if tuner is not None:
-            tuner.after_request(cache, req.inp, req.out)
+            tuner.after_request(cache, req.inp, req.out, res)
         if check:
             cache.check_integrity()
-    stats.tuning_s = tuner.log.seconds if tuner is not None else 0.0
-    stats.wall_s = time.perf_counter() - start - stats.tuning_s
+    stats.finish_timing(start, cpu_start, tuner)
     return stats

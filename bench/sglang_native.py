@@ -214,7 +214,7 @@ def replay_native(
     longest = max((len(r.inp) + len(r.out) for r in requests), default=1)
     cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified, tree)
     stats = ReplayStats()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for req in requests:
         hit = cache.serve(req.inp.tolist(), req.out.tolist())
         stats.requests += 1
@@ -226,5 +226,5 @@ def replay_native(
             continue
         stats.hit_tokens += hit
         stats.flops_saved += spec.flops(hit)
-    stats.wall_s = time.perf_counter() - start
+    stats.finish_timing(start, cpu_start, None)
     return stats, cache

@@ -1,7 +1,8 @@
 """Sweeps: every trace x cache size x policy, in parallel over all cores.
 
-Traces are loaded and packed once in the parent (`runner.load_packed`) before the worker pool
-forks, so workers share them copy-on-write and a task carries only its small `RunConfig`.
+Traces are loaded and packed once in the parent (`runner.preload`, itself in parallel) before
+the worker pool forks, so workers share them copy-on-write and a task carries only its small
+`RunConfig`.
 Records stream back as runs finish (JSON lines or CSV), with a tqdm progress bar on stderr.
 Alpha tuning runs inline inside each worker: the sweep already keeps every core busy.
 """
@@ -17,7 +18,7 @@ import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
-from jenga_sglang.bench.runner import RunConfig, load_packed, run, validate
+from jenga_sglang.bench.runner import RunConfig, preload, run, validate
 
 #: Rough relative cost of a run per policy: start the slow ones first so no core idles at the end.
 _WEIGHT = {"jenga": 3, "vllm-blocks": 2, "marconi": 1}
@@ -65,10 +66,9 @@ def sweep(
     """Run every config; yields records in completion order."""
     from tqdm import tqdm
 
-    for path in dict.fromkeys(c.trace for c in configs):
-        load_packed(path)  # in the parent, before the fork
     ordered = sorted(configs, key=lambda c: -_WEIGHT.get(c.policy, 0))
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(ordered)))
+    preload([c.trace for c in configs], jobs)  # in the parent, before the fork
     bar = tqdm(total=len(ordered), file=sys.stderr, disable=not progress, unit="run")
     try:
         if jobs == 1:

@@ -42,6 +42,11 @@ class TraceError(ValueError):
         self.reason = reason
         super().__init__(f"{self.path}:{line}: field '{field}': {reason}")
 
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, int, str, str]]:
+        # Traces are parsed in worker processes (bench/runner.preload): the error must survive
+        # pickling back to the parent with its fields.
+        return TraceError, (self.path, self.line, self.field, self.reason)
+
 
 @dataclass(slots=True)
 class Request:

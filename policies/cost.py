@@ -14,15 +14,27 @@ class SpecNodeCost(NodeCost):
 
     Attention's quadratic term makes deeper tokens more valuable: F(end) - F(start) counts
     the scores of those tokens against the whole prefix before them.
+
+    F is memoised per length: eviction policies re-rank nodes on every lock, unlock and insert,
+    and the same node ends recur across requests.
     """
 
     def __init__(self, spec: ModelSpec, kv_page_bytes: Sequence[int], state_bytes: int) -> None:
         self.spec = spec
         self.kv_page_bytes = tuple(kv_page_bytes)
         self.state_bytes = state_bytes
+        self._flops: dict[int, float] = {}
+
+    def _f(self, length: int) -> float:
+        f = self._flops.get(length)
+        if f is None:
+            f = self._flops[length] = self.spec.flops(length)
+        return f
 
     def flops_saved(self, node: Node) -> float:
-        return self.spec.prefill_flops(node.start, node.end)
+        # The same float arithmetic as spec.prefill_flops(start, end), from memoised terms.
+        end = node.end
+        return self._f(end) - self._f(end - len(node.key))
 
     def bytes_held(self, node: Node) -> int:
         held = sum(len(p) * b for p, b in zip(node.kv, self.kv_page_bytes, strict=True))

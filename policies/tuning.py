@@ -19,7 +19,10 @@ jenga (ours, `SlidingTuner`)
     the cache.
 
 Replays are deterministic (the cache uses a logical clock), so every tensor-parallel rank that
-runs the same stream picks the same alpha.
+runs the same stream picks the same alpha. That also means a window the cache itself served one
+request at a time (`cache.serve`, as the sequential replay does) with the alpha in force *is* the
+replay of that alpha from the window's snapshot: drivers that pass each `ServeResult` to
+`after_request` spare the tuner that replay, and its score is the served one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 
-from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.tokens import TokenSeq
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class TuningLog:
     tunings: int = 0
     failures: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time (replays in worker processes excluded)
     history: list[tuple[int, float]] = field(default_factory=list)  # (request index, alpha)
 
 
@@ -81,6 +85,15 @@ class Objective(Enum):
 
     FLOPS = "flops"
     TOKENS = "tokens"
+
+
+def served_score(served: Sequence[ServeResult]) -> tuple[float, int]:
+    """(FLOPs saved, tokens hit) of requests served, summed in the order `replay_score` uses."""
+    saved, hits = 0.0, 0
+    for result in served:
+        saved += result.flops_saved
+        hits += result.hit_tokens
+    return saved, hits
 
 
 def replay_score(snap: bytes, window: Sequence[Recorded], alpha: float) -> tuple[float, int]:
@@ -129,28 +142,60 @@ class AlphaTuner(ABC):
         self.seen = 0
 
     @abstractmethod
-    def after_request(self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq) -> None:
-        """Called after each request the cache served."""
+    def after_request(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+    ) -> None:
+        """Called after each request the cache served; `served` is what `cache.serve` returned
+        when the driver served it sequentially (None otherwise, e.g. in engine replay)."""
 
-    def _tune(self, cache: PrefixCache, snap: bytes, window: Sequence[Recorded]) -> bool:
-        """Replay the grid and adopt the best alpha; False (alpha kept) if the replay failed."""
-        start = time.perf_counter()
+    def _tune(
+        self,
+        cache: PrefixCache,
+        snap: bytes,
+        window: Sequence[Recorded],
+        served: Sequence[ServeResult | None] = (),
+    ) -> bool:
+        """Replay the grid and adopt the best alpha; False (alpha kept) if the replay failed.
+
+        `served` holds the cache's own results for the window's requests: when all are there,
+        they score the alpha in force without a replay (see the module docstring).
+        """
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            scores = self.runner(snap, window, self.grid)
-            if len(scores) != len(self.grid):
-                raise RuntimeError(f"{len(scores)} scores for {len(self.grid)} alphas")
+            scores = self._scores(cache.eviction.alpha, snap, window, served)
         except Exception:
             self.log.failures += 1
             log.exception("alpha tuning failed; keeping alpha=%s", cache.eviction.alpha)
             return False
         finally:
             self.log.seconds += time.perf_counter() - start
+            self.log.cpu_seconds += time.process_time() - cpu_start
         pick = 0 if self.objective is Objective.FLOPS else 1
         best = max(range(len(self.grid)), key=lambda i: (scores[i][pick], -self.grid[i]))
         cache.eviction.alpha = self.grid[best]
         self.log.tunings += 1
         self.log.history.append((self.seen, self.grid[best]))
         return True
+
+    def _scores(
+        self,
+        current: float,
+        snap: bytes,
+        window: Sequence[Recorded],
+        served: Sequence[ServeResult | None],
+    ) -> Scores:
+        """One score per grid alpha: the served one for `current` if known, else replayed."""
+        known: tuple[float, int] | None = None
+        if len(served) == len(window) and None not in served:
+            known = served_score([r for r in served if r is not None])
+        todo = [a for a in self.grid if known is None or a != current]
+        replayed = self.runner(snap, window, todo)
+        if len(replayed) != len(todo):
+            raise RuntimeError(f"{len(replayed)} scores for {len(todo)} alphas")
+        by_alpha = dict(zip(todo, replayed, strict=True))
+        return [
+            known if a not in by_alpha and known is not None else by_alpha[a] for a in self.grid
+        ]
 
     @staticmethod
     def _evicted(cache: PrefixCache) -> bool:
@@ -164,10 +209,13 @@ class MarconiTuner(AlphaTuner):
         super().__init__(grid, runner)
         self._snap: bytes | None = None
         self._window: list[Recorded] = []
+        self._served: list[ServeResult | None] = []
         self._window_len = 0
         self._done = False
 
-    def after_request(self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq) -> None:
+    def after_request(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+    ) -> None:
         self.seen += 1
         if self._done:
             return
@@ -178,10 +226,11 @@ class MarconiTuner(AlphaTuner):
                 self._window_len = self.seen
             return
         self._window.append((inp, out))
+        self._served.append(served)
         if len(self._window) >= self._window_len:
-            self._tune(cache, self._snap, self._window)
+            self._tune(cache, self._snap, self._window, self._served)
             self._done = True
-            self._snap, self._window = None, []
+            self._snap, self._window, self._served = None, [], []
 
 
 class SlidingTuner(AlphaTuner):
@@ -222,11 +271,15 @@ class SlidingTuner(AlphaTuner):
         self._wait = 0
         self._snap: bytes | None = None
         self._recorded: list[Recorded] = []
+        self._served: list[ServeResult | None] = []
 
-    def after_request(self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq) -> None:
+    def after_request(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+    ) -> None:
         self.seen += 1
         if self._snap is not None:
             self._recorded.append((inp, out))
+            self._served.append(served)
             if len(self._recorded) >= self.window:
                 self._finish_window(cache, self._snap)
         elif self._wait > 0:
@@ -236,8 +289,8 @@ class SlidingTuner(AlphaTuner):
 
     def _finish_window(self, cache: PrefixCache, snap: bytes) -> None:
         before = cache.eviction.alpha
-        tuned = self._tune(cache, snap, self._recorded)
+        tuned = self._tune(cache, snap, self._recorded, self._served)
         stable = tuned and cache.eviction.alpha == before
         self.pause = min(self.max_pause, self.pause * 2) if stable else self.base_pause
         self._wait = self.pause
-        self._snap, self._recorded = None, []
+        self._snap, self._recorded, self._served = None, [], []

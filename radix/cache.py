@@ -78,18 +78,11 @@ class PrefixCache:
         return [pages for _, pages in got]
 
     def allocate_states(self, count: int, owner: int) -> list[Pages]:
+        """`count` one-page SSM states; all or nothing."""
         state_type = self.tree.state_type
         if state_type is None or count == 0:
             return []
-        got: list[Pages] = []
-        try:
-            for _ in range(count):
-                got.append(self.memory.alloc(state_type, 1, owner))
-        except OutOfMemory:
-            for pages in got:
-                self.memory.free(state_type, pages)
-            raise
-        return got
+        return self.memory.alloc_each(state_type, count, owner)
 
     def serve(self, input_tokens: TokenSeq, output_tokens: TokenSeq, owner: int) -> ServeResult:
         """Serve one request to completion (Marconi's sequential method).
@@ -99,9 +92,12 @@ class PrefixCache:
         eviction cannot pull the prefix out from under the insert.
         """
         now = self.tick()
-        result = self.tree.match(input_tokens)
-        self.tree.touch(result, now)
         seq = input_tokens.concat(output_tokens)
+        # One walk of input + output serves the match (its first len(input) tokens) and the
+        # insert (its first cache_len tokens): the insert's path stays locked in between.
+        walk = self.tree.walk(seq)
+        result = self.tree.match_walk(walk.prefix(len(input_tokens)))
+        self.tree.touch(result, now)
         plan = self.plan(input_tokens, result, len(seq))
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
@@ -109,7 +105,7 @@ class PrefixCache:
         if plan.cache_len == 0:
             return base
         key = seq.slice(0, plan.cache_len)
-        walk = self.tree.walk(key)
+        walk = walk.prefix(plan.cache_len)
         anchor = walk.path[-1] if walk.path else None
         self.tree.lock(anchor)
         try:
@@ -123,7 +119,8 @@ class PrefixCache:
         except OutOfMemory:
             self.tree.unlock(anchor)
             return base
-        self.tree.insert(key, walk.length, kv, dict(zip(positions, states, strict=True)), now)
+        mapping = dict(zip(positions, states, strict=True))
+        self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
         self.tree.unlock(anchor)
         return ServeResult(base.input_tokens, hit, base.flops_saved, base.states_planned, True)
 

@@ -19,6 +19,13 @@ class Walk:
     length: int
     path: tuple[Node, ...]
 
+    def prefix(self, n: int) -> Walk:
+        """The walk of the key's first `n` tokens (the same nodes, cut at n): one walk of
+        input + output answers both the input's match and the insert of a prefix of both."""
+        if n >= self.length:
+            return self
+        return Walk(n, tuple(node for node in self.path if node.start < n))
+
     def branch(self) -> Branch:
         if not self.path:
             return Branch(length=0, at_node_end=True, checkpointed=True)

@@ -172,6 +172,22 @@ class CacheMemory(ABC):
     @abstractmethod
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages: ...
 
+    def alloc_each(self, ptype: PageType, count: int, owner: int) -> list[Pages]:
+        """`count` separate one-page allocations, all or nothing.
+
+        Each page is allocated in turn (evicting as it needs); if one fails, the pages already
+        taken are freed and OutOfMemory raised, the evictions made so far staying made.
+        """
+        got: list[Pages] = []
+        try:
+            for _ in range(count):
+                got.append(self.alloc(ptype, 1, owner))
+        except OutOfMemory:
+            for pages in got:
+                self.free(ptype, pages)
+            raise
+        return got
+
     @abstractmethod
     def free(self, ptype: PageType, pages: Pages) -> None:
         """Give back used pages (a request's pages that never reached the tree, duplicates)."""
@@ -289,6 +305,26 @@ class ByteBudget(CacheMemory):
         if self._held > self._capacity:
             self.capacity_violations += 1
         return CountPages(count)
+
+    def alloc_each(self, ptype: PageType, count: int, owner: int) -> list[Pages]:
+        """`count` one-page allocations in turn, without a call per page when all fit.
+
+        They fail at the first page beyond what free plus evictable bytes can hold (evicting
+        does not change that sum): then the general loop runs. Otherwise each page evicts what
+        it needs and is counted, as `alloc` would (the same victims and the same peak).
+        """
+        size = self._sizes[ptype]
+        if count * size > self._capacity - self._held + self.evictable_bytes():
+            return super().alloc_each(ptype, count, owner)
+        for done in range(count):
+            if not self._evict_until(ptype, lambda: self._held + size <= self._capacity):
+                self._used[ptype] -= done
+                self._held -= done * size
+                raise OutOfMemory(f"evictor could not free {size} bytes for a {ptype} page")
+            self._used[ptype] += 1
+            self._held += size
+            self.peak_bytes = max(self.peak_bytes, self._held)
+        return [CountPages(1) for _ in range(count)]
 
     def free(self, ptype: PageType, pages: Pages) -> None:
         self._move(ptype, len(pages), self._used, None)

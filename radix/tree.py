@@ -88,7 +88,10 @@ class RadixTree:
 
     def match(self, key: TokenSeq) -> MatchResult:
         """Longest prefix of `key` valid for every layer group (no side effects)."""
-        walk = self.walk(key)
+        return self.match_walk(self.walk(key))
+
+    def match_walk(self, walk: Walk) -> MatchResult:
+        """`match` for a key already walked."""
         length = longest_common_valid(self.rules, walk.path, walk.length)
         path = tuple(n for n in walk.path if n.start < length)
         return MatchResult(length, path, walk)
@@ -144,6 +147,7 @@ class RadixTree:
         kv: Sequence[Pages],
         states: Mapping[int, Pages],
         now: int,
+        walk: Walk | None = None,
     ) -> Node:
         """Cache `key`. The caller hands over pages it owns (used pages):
 
@@ -156,19 +160,25 @@ class RadixTree:
         one-page SSM checkpoint valid after tokens [0, p): the tree splits a node so that one
         ends at p (the state stays with the node whose end it represents). Returns the node
         ending at len(key). Bad input raises ValueError before anything changes.
+
+        `walk` may pass `self.walk(key)` when the caller has it (the tree must not have changed
+        along its path since: e.g. its last node was locked meanwhile).
         """
         self._validate_insert(key, start, kv, states)
-        walk = self.walk(key)
+        if walk is None:
+            walk = self.walk(key)
         if walk.length < start:
             raise ValueError(
                 f"insert claims {start} cached tokens but the tree holds only {walk.length} "
                 "(lock the matched prefix while computing the rest)"
             )
-        node = self._descend_splitting(key, walk.length)
+        node = self._node_ending_at(walk)
         kv = self._free_duplicates(key, start, walk.length, kv)
+        held = {p: st for p, st in states.items() if p <= walk.length}
         if walk.length < len(key):
-            node = self._add_leaf(node, key.slice(walk.length), kv, now)
-        self._attach_states(key, states, now)
+            new = {p - walk.length: st for p, st in states.items() if p > walk.length}
+            node = self._add_leaf(node, key.slice(walk.length), kv, now, new)
+        self._attach_states(key, held, now)
         return node
 
     def _validate_insert(
@@ -196,6 +206,15 @@ class RadixTree:
                 raise ValueError(f"checkpoint position {pos} outside (0, {len(key)}]")
             if len(state) != 1:
                 raise ValueError(f"a checkpoint is one state page, got {len(state)}")
+
+    def _node_ending_at(self, walk: Walk) -> Node:
+        """The node ending exactly where `walk` stops, splitting its last node if needed."""
+        if not walk.path:
+            return self.root
+        last = walk.path[-1]
+        if last.end > walk.length:
+            return self._split(last, walk.length - last.start)
+        return last
 
     def _descend_splitting(
         self, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
@@ -236,12 +255,51 @@ class RadixTree:
             rest.append(tail)
         return rest
 
-    def _add_leaf(self, parent: Node, key: TokenSeq, kv: list[Pages], now: int) -> Node:
-        tombstones = [len(key) - len(pages) for pages in kv]
-        leaf = Node(self._new_id(), key, parent, kv, tombstones, now)
-        parent.children[key.head(0)] = leaf
-        self._set_pages_used(leaf, used=False)
-        self.policy.update(leaf)
+    def _add_leaf(
+        self,
+        parent: Node,
+        key: TokenSeq,
+        kv: list[Pages],
+        now: int,
+        states: Mapping[int, Pages] | None = None,
+    ) -> Node:
+        """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
+
+        `states` maps offsets into `key` (0 < offset <= len(key)) to checkpoints. Building the
+        chain directly gives the nodes, pages and ids that adding one leaf and splitting it at
+        each offset in turn would (the leaf takes the first id, the nodes above it the next
+        ones top-down), without re-slicing the leaf once per checkpoint.
+        """
+        states = states or {}
+        cuts = sorted(at for at in states if at < len(key))
+        for ptype, pages in zip(self.kv_types, kv, strict=True):
+            if len(pages):
+                self.memory.mark_evictable(ptype, pages)
+        leaf_id = self._new_id()
+        tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
+        chain: list[Node] = []
+        node, pos = parent, 0
+        for cut in cuts:
+            upper_kv: list[Pages] = []
+            upper_tomb: list[int] = []
+            for slot, pages in enumerate(kv):
+                upper_tomb.append(min(tombstones[slot], cut - pos))
+                head, kv[slot] = pages.split(cut - pos - upper_tomb[-1])
+                upper_kv.append(head)
+                tombstones[slot] -= upper_tomb[-1]
+            upper = Node(self._new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
+            node.children[upper.key.head(0)] = upper
+            chain.append(upper)
+            node, pos = upper, cut
+        leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
+        node.children[leaf.key.head(0)] = leaf
+        chain.append(leaf)
+        for created in chain:
+            state = states.get(created.end - parent.end)
+            if state is not None:
+                self._attach_state(created, state, now)  # updates the policy
+            else:
+                self.policy.update(created)
         if parent is not self.root:
             self.policy.update(parent)
         return leaf

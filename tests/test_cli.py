@@ -30,6 +30,8 @@ REPLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "capacity_violations": int,
     "wall_s": float,
     "tuning_s": float,
+    "cpu_s": float,
+    "tuning_cpu_s": float,
 }
 ENGINE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ttft_p50_s": float,
@@ -132,6 +134,18 @@ def test_bad_json_trace_and_bad_fields_exit_2(tmp_path: Path, trace: Path) -> No
         assert res.returncode == 2, (name, res.stderr)
         assert needle in res.stderr, (name, res.stderr)
         assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, name
+
+
+def test_sweep_loads_traces_in_parallel_and_names_a_bad_one(tmp_path: Path, trace: Path) -> None:
+    """Traces are parsed in worker processes; a bad one still fails cleanly with file:line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"session_id": 0}\n', encoding="utf-8")
+    missing = tmp_path / "nope.jsonl"
+    for other, needle in ((bad, "bad.jsonl:1: field 'turn_id'"), (missing, "not found")):
+        args = ("sweep", "--trace", str(trace), "--trace", str(other), "--cache-gb", "2")
+        res = cli(*args, "--policies", "sglang-lru", "--jobs", "2", "--no-progress")
+        assert res.returncode == 2, res.stderr
+        assert needle in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_sweep_records_carry_config_and_report_plots(trace: Path, tmp_path: Path) -> None:

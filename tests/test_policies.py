@@ -13,7 +13,14 @@ from jenga_sglang.policies.admission import (
 from jenga_sglang.policies.base import Branch
 from jenga_sglang.policies.bundles import BUNDLES, build_cache, bundle, byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
-from jenga_sglang.policies.tuning import MarconiTuner, Objective, SlidingTuner
+from jenga_sglang.policies.tuning import (
+    AlphaTuner,
+    GridRunner,
+    MarconiTuner,
+    Objective,
+    SlidingTuner,
+    run_grid_inline,
+)
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -331,3 +338,41 @@ def test_bundles_are_deterministic_given_the_same_stream(name: str):
 def test_unknown_bundle_names_the_known_ones():
     with pytest.raises(ValueError, match="sglang-lru"):
         bundle("lfu")
+
+
+def _marconi(grid: tuple[float, ...], runner: GridRunner) -> AlphaTuner:
+    return MarconiTuner(grid=grid, runner=runner)
+
+
+def _sliding(grid: tuple[float, ...], runner: GridRunner) -> AlphaTuner:
+    return SlidingTuner(window=4, pause=2, max_pause=8, grid=grid, runner=runner)
+
+
+@pytest.mark.parametrize("make_tuner", [_marconi, _sliding], ids=["marconi", "sliding"])
+def test_served_window_scores_the_current_alpha_without_replaying_it(make_tuner):  # type: ignore[no-untyped-def]
+    """A window the cache served itself is the replay of the alpha in force: passing the served
+    results spares that replay and changes no decision."""
+    spec = hybrid_spec()
+    trace = chat_trace(6, 10)
+    runs = []
+    for pass_served in (False, True):
+        asked: list[tuple[float, ...]] = []
+
+        def counting_runner(snap, window, grid, asked=asked):  # type: ignore[no-untyped-def]
+            asked.append(tuple(grid))
+            return run_grid_inline(snap, window, grid)
+
+        grid = (0.0, 0.5, 1.0)
+        tuner = make_tuner(grid, counting_runner)
+        cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(), SpeculativeAdmission())
+        hits = []
+        for i, (inp, out) in enumerate(trace):
+            served = cache.serve(inp, out, owner=i)
+            hits.append(served.hit_tokens)
+            tuner.after_request(cache, inp, out, served if pass_served else None)
+        runs.append((hits, tuner.log.history, asked))
+    (hits_a, history_a, asked_a), (hits_b, history_b, asked_b) = runs
+    assert tuner.log.tunings >= 1
+    assert hits_a == hits_b and history_a == history_b
+    assert all(len(full) == len(grid) for full in asked_a)
+    assert all(len(short) == len(grid) - 1 for short in asked_b)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from radix_helpers import attention_spec, hybrid_spec, make_cache, memory, seq, toks
+from radix_helpers import (
+    attention,
+    attention_spec,
+    hybrid_spec,
+    make_cache,
+    mamba,
+    memory,
+    seq,
+    toks,
+)
 
+from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.eviction import FlopAwareEviction
-from jenga_sglang.radix.memory import OutOfMemory, PageKind
+from jenga_sglang.radix.memory import ByteBudget, CacheMemory, OutOfMemory, PageKind
 from jenga_sglang.radix.tokens import TokenSeq
 
 
@@ -171,3 +181,63 @@ def _fingerprint(cache):  # type: ignore[no-untyped-def]
     nodes = sorted((n.start, n.end, n.lock_ref, n.state is not None) for n in cache.tree.nodes())
     usage = [memory(cache).usage(t) for t in memory(cache).page_types]
     return nodes, usage, memory(cache).held_bytes()
+
+
+def _hybrid_swa_spec() -> ModelSpec:
+    return ModelSpec("tiny-hybrid-swa", (attention(), attention(2, "swa"), mamba()), hidden_size=4)
+
+
+def _insert_with_tombstones(cache, key: TokenSeq, states, dropped: int):  # type: ignore[no-untyped-def]
+    """Insert `key` with its window group's first `dropped` new positions already dropped."""
+    walk = cache.tree.walk(key)
+    span = len(key) - walk.length
+    full, swa = cache.tree.kv_types
+    kv = [cache.memory.alloc(full, span, 0), cache.memory.alloc(swa, span - dropped, 0)]
+    st = cache.allocate_states(len(states), owner=0)
+    return cache.tree.insert(key, walk.length, kv, dict(zip(states, st, strict=True)), now=1)
+
+
+def _shape(cache):  # type: ignore[no-untyped-def]
+    return sorted(
+        (n.start, n.end, n.id, n.state is not None, [len(p) for p in n.kv], list(n.tombstones))
+        for n in cache.tree.nodes()
+    )
+
+
+def test_checkpoints_inside_a_new_leaf_give_the_chain_that_splitting_gives():
+    """One insert with checkpoints inside its new leaf builds the nodes, pages, tombstones and
+    ids that inserting the leaf and then splitting it at each checkpoint gives."""
+    key = seq(0, 10)
+    direct = make_cache(_hybrid_swa_spec())
+    _insert_with_tombstones(direct, key, (3, 6, 10), dropped=4)
+    stepwise = make_cache(_hybrid_swa_spec())
+    _insert_with_tombstones(stepwise, key, (10,), dropped=4)
+    for at in (3, 6):
+        _insert_with_tombstones(stepwise, key, (at,), dropped=0)
+    assert _shape(direct) == _shape(stepwise)
+    assert [(s, e) for s, e, *_ in _shape(direct)] == [(0, 3), (3, 6), (6, 10)]
+    direct.check_integrity()
+    stepwise.check_integrity()
+
+
+@pytest.mark.parametrize("count", [1, 3, 5, 9])
+def test_byte_budget_alloc_each_is_one_page_at_a_time(count: int):
+    """ByteBudget's single-allocation shortcut evicts and fails exactly as successive one-page
+    allocations do (the generic CacheMemory.alloc_each), with and without enough room, and
+    records the same peak."""
+    outcomes = []
+    for each in (ByteBudget.alloc_each, CacheMemory.alloc_each):
+        cache = make_cache(hybrid_spec(), budget=600)
+        for s in range(4):
+            insert_all(cache, seq(100 * s, 6), states=(6,))
+        state_type = cache.tree.state_type
+        assert state_type is not None
+        try:
+            got = len(each(memory(cache), state_type, count, 0))
+        except OutOfMemory:
+            got = -1
+        outcomes.append(
+            (got, _shape(cache), memory(cache).usage(state_type), memory(cache).peak_bytes)
+        )
+        cache.check_integrity()
+    assert outcomes[0] == outcomes[1]
