@@ -18,6 +18,9 @@ jenga (ours, `SlidingTuner`)
     replay (exception, killed worker) keeps the last good alpha and is logged; it never breaks
     the cache.
 
+Both run their replays inline, or off the request path with a `BackgroundReplay` (the server:
+policies/background.py), which adopts each result a fixed number of requests later.
+
 Replays are deterministic (the cache uses a logical clock), so every tensor-parallel rank that
 runs the same stream picks the same alpha. That also means a window the cache itself served one
 request at a time (`cache.serve`, as the sequential replay does) with the alpha in force *is* the
@@ -28,17 +31,22 @@ replay of that alpha from the window's snapshot: drivers that pass each `ServeRe
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import pickle
-import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 
+from jenga_sglang.policies.background import BackgroundReplay
+from jenga_sglang.policies.replay_grid import (
+    GridRunner,
+    Recorded,
+    Scores,
+    grid_scores,
+    run_grid_inline,
+    snapshot,
+)
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -47,9 +55,6 @@ log = logging.getLogger(__name__)
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
 #: The sliding tuner re-tunes often, so it uses a coarser grid (0 = recency only, i.e. LRU).
 JENGA_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-#: A recorded request: (input tokens, output tokens).
-Recorded = tuple[TokenSeq, TokenSeq]
 
 
 @dataclass
@@ -63,67 +68,11 @@ class TuningLog:
     history: list[tuple[int, float]] = field(default_factory=list)  # (request index, alpha)
 
 
-@contextmanager
-def _deep_recursion() -> Iterator[None]:
-    """pickle recurses once per tree level (node -> children -> node): allow deep trees."""
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 100_000))
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(limit)
-
-
-def snapshot(cache: PrefixCache) -> bytes:
-    """A restorable copy of the whole cache (tree, memory accounting, policy indexes)."""
-    with _deep_recursion():
-        return pickle.dumps(cache, protocol=pickle.HIGHEST_PROTOCOL)
-
-
 class Objective(Enum):
     """What a replay maximises: prefill FLOPs saved (Marconi) or prefill tokens skipped."""
 
     FLOPS = "flops"
     TOKENS = "tokens"
-
-
-def served_score(served: Sequence[ServeResult]) -> tuple[float, int]:
-    """(FLOPs saved, tokens hit) of requests served, summed in the order `replay_score` uses."""
-    saved, hits = 0.0, 0
-    for result in served:
-        saved += result.flops_saved
-        hits += result.hit_tokens
-    return saved, hits
-
-
-def replay_score(snap: bytes, window: Sequence[Recorded], alpha: float) -> tuple[float, int]:
-    """(FLOPs saved, tokens hit) by replaying `window` from `snap` with the given alpha."""
-    with _deep_recursion():
-        cache: PrefixCache = pickle.loads(snap)
-    cache.eviction.alpha = alpha
-    saved, hits = 0.0, 0
-    for i, (inp, out) in enumerate(window):
-        result = cache.serve(inp, out, owner=-1 - i)
-        saved += result.flops_saved
-        hits += result.hit_tokens
-    return saved, hits
-
-
-Scores = list[tuple[float, int]]
-GridRunner = Callable[[bytes, Sequence[Recorded], Sequence[float]], Scores]
-
-
-def run_grid_inline(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> Scores:
-    return [replay_score(snap, window, a) for a in grid]
-
-
-def run_grid_parallel(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> Scores:
-    """The grid in worker processes (fork: the snapshot is shared, not re-sent per task)."""
-    workers = max(1, min(len(grid), mp.cpu_count()))
-    ctx = mp.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(replay_score, snap, window, a) for a in grid]
-        return [f.result() for f in futures]
 
 
 class AlphaTuner(ABC):
@@ -132,21 +81,42 @@ class AlphaTuner(ABC):
         grid: Sequence[float] = ALPHA_GRID,
         runner: GridRunner | None = None,
         objective: Objective = Objective.FLOPS,
+        background: BackgroundReplay | None = None,
     ) -> None:
         if not grid or any(a < 0 for a in grid):
             raise ValueError(f"alpha grid must be non-empty and >= 0: {grid}")
         self.grid = tuple(grid)
         self.runner: GridRunner = runner or run_grid_inline
         self.objective = objective
+        self.background = background
         self.log = TuningLog()
         self.seen = 0
+        self._alpha_before = 0.0
 
-    @abstractmethod
     def after_request(
         self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
     ) -> None:
         """Called after each request the cache served; `served` is what `cache.serve` returned
-        when the driver served it sequentially (None otherwise, e.g. in engine replay)."""
+        when the driver served it sequentially (None otherwise, e.g. in engine replay).
+
+        With a background worker, a replay in flight is adopted once it is due, and no new
+        window starts before that."""
+        self.seen += 1
+        if self.background is not None and self.background.busy:
+            outcome = self.background.collect(self.seen)
+            if outcome is None:
+                return
+            self._adopt(cache, outcome)
+        self._observe(cache, inp, out, served)
+
+    @abstractmethod
+    def _observe(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+    ) -> None:
+        """The tuner's own bookkeeping for one request (windows, snapshots, when to tune)."""
+
+    def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:  # noqa: B027 (optional hook)
+        """Hook after a tuning ends: `tuned` False when the replay failed (alpha kept)."""
 
     def _tune(
         self,
@@ -154,48 +124,50 @@ class AlphaTuner(ABC):
         snap: bytes,
         window: Sequence[Recorded],
         served: Sequence[ServeResult | None] = (),
-    ) -> bool:
-        """Replay the grid and adopt the best alpha; False (alpha kept) if the replay failed.
+    ) -> None:
+        """Replay the grid and adopt the best alpha, now or, with a background worker, when due.
 
         `served` holds the cache's own results for the window's requests: when all are there,
         they score the alpha in force without a replay (see the module docstring).
         """
+        self._alpha_before = cache.eviction.alpha
+        job = partial(
+            grid_scores, self.runner, self.grid, cache.eviction.alpha, snap, window, served
+        )
+        if self.background is not None:
+            self.background.submit(job, self.seen)
+            return
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            scores = self._scores(cache.eviction.alpha, snap, window, served)
-        except Exception:
-            self.log.failures += 1
-            log.exception("alpha tuning failed; keeping alpha=%s", cache.eviction.alpha)
-            return False
+            outcome: Scores | Exception = job()
+        except Exception as exc:
+            outcome = exc
         finally:
             self.log.seconds += time.perf_counter() - start
             self.log.cpu_seconds += time.process_time() - cpu_start
+        self._adopt(cache, outcome)
+
+    def _adopt(self, cache: PrefixCache, outcome: Scores | Exception) -> None:
+        """Take the best alpha of the scores, or keep the alpha (and log) on a failure."""
+        before = self._alpha_before
+        if not isinstance(outcome, Exception) and len(outcome) != len(self.grid):
+            outcome = RuntimeError(f"{len(outcome)} scores for {len(self.grid)} alphas")
+        if isinstance(outcome, Exception):
+            self.log.failures += 1
+            log.error(
+                "alpha tuning failed (%s: %s); keeping alpha=%s",
+                type(outcome).__name__,
+                outcome,
+                cache.eviction.alpha,
+            )
+            self._tuned(cache, False, before)
+            return
         pick = 0 if self.objective is Objective.FLOPS else 1
-        best = max(range(len(self.grid)), key=lambda i: (scores[i][pick], -self.grid[i]))
+        best = max(range(len(self.grid)), key=lambda i: (outcome[i][pick], -self.grid[i]))
         cache.eviction.alpha = self.grid[best]
         self.log.tunings += 1
         self.log.history.append((self.seen, self.grid[best]))
-        return True
-
-    def _scores(
-        self,
-        current: float,
-        snap: bytes,
-        window: Sequence[Recorded],
-        served: Sequence[ServeResult | None],
-    ) -> Scores:
-        """One score per grid alpha: the served one for `current` if known, else replayed."""
-        known: tuple[float, int] | None = None
-        if len(served) == len(window) and None not in served:
-            known = served_score([r for r in served if r is not None])
-        todo = [a for a in self.grid if known is None or a != current]
-        replayed = self.runner(snap, window, todo)
-        if len(replayed) != len(todo):
-            raise RuntimeError(f"{len(replayed)} scores for {len(todo)} alphas")
-        by_alpha = dict(zip(todo, replayed, strict=True))
-        return [
-            known if a not in by_alpha and known is not None else by_alpha[a] for a in self.grid
-        ]
+        self._tuned(cache, True, before)
 
     @staticmethod
     def _evicted(cache: PrefixCache) -> bool:
@@ -205,18 +177,22 @@ class AlphaTuner(ABC):
 class MarconiTuner(AlphaTuner):
     """Tune once, on a bootstrap window after the first eviction (the reference's method)."""
 
-    def __init__(self, grid: Sequence[float] = ALPHA_GRID, runner: GridRunner | None = None):
-        super().__init__(grid, runner)
+    def __init__(
+        self,
+        grid: Sequence[float] = ALPHA_GRID,
+        runner: GridRunner | None = None,
+        background: BackgroundReplay | None = None,
+    ) -> None:
+        super().__init__(grid, runner, background=background)
         self._snap: bytes | None = None
         self._window: list[Recorded] = []
         self._served: list[ServeResult | None] = []
         self._window_len = 0
         self._done = False
 
-    def after_request(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+    def _observe(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
     ) -> None:
-        self.seen += 1
         if self._done:
             return
         if self._snap is None:
@@ -258,8 +234,9 @@ class SlidingTuner(AlphaTuner):
         grid: Sequence[float] = JENGA_GRID,
         runner: GridRunner | None = None,
         objective: Objective = Objective.TOKENS,
+        background: BackgroundReplay | None = None,
     ) -> None:
-        super().__init__(grid, runner, objective)
+        super().__init__(grid, runner, objective, background)
         if window < 1 or not 0 <= pause <= max_pause:
             raise ValueError(
                 f"need window >= 1 and 0 <= pause <= max_pause: {window}, {pause}, {max_pause}"
@@ -273,10 +250,9 @@ class SlidingTuner(AlphaTuner):
         self._recorded: list[Recorded] = []
         self._served: list[ServeResult | None] = []
 
-    def after_request(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+    def _observe(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
     ) -> None:
-        self.seen += 1
         if self._snap is not None:
             self._recorded.append((inp, out))
             self._served.append(served)
@@ -288,9 +264,11 @@ class SlidingTuner(AlphaTuner):
             self._snap = snapshot(cache)
 
     def _finish_window(self, cache: PrefixCache, snap: bytes) -> None:
-        before = cache.eviction.alpha
-        tuned = self._tune(cache, snap, self._recorded, self._served)
+        recorded, served = self._recorded, self._served
+        self._snap, self._recorded, self._served = None, [], []
+        self._tune(cache, snap, recorded, served)
+
+    def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:
         stable = tuned and cache.eviction.alpha == before
         self.pause = min(self.max_pause, self.pause * 2) if stable else self.base_pause
         self._wait = self.pause
-        self._snap, self._recorded, self._served = None, [], []

@@ -78,3 +78,12 @@ def test_unsupported_architecture_is_named() -> None:
     config = {"architectures": ["JambaForCausalLM"], "hidden_size": 64}
     with pytest.raises(UnsupportedModelError, match="JambaForCausalLM"):
         spec_from_model_config(_model_config(config), tp_size=1)
+
+
+def test_server_tuning_runs_off_the_request_path_only_when_alpha_is_auto() -> None:
+    from jenga_sglang.binding.policy import build_tuner
+
+    tuner = build_tuner(JengaOptions(enabled=True))
+    assert tuner is not None and tuner.background is not None and tuner.background.lag >= 1
+    assert build_tuner(JengaOptions(enabled=True, alpha=0.5)) is None
+    assert build_tuner(JengaOptions(enabled=True, eviction="lru")) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
+from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.bundles import jenga_admission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
@@ -33,7 +34,8 @@ def build_eviction(options: JengaOptions) -> EvictionPolicy:
 
 
 def build_tuner(options: JengaOptions) -> AlphaTuner | None:
-    """Online tuning only when alpha is 'auto' and the eviction reads alpha."""
+    """Online tuning only when alpha is 'auto' and the eviction reads alpha. In a server the
+    replays run in a background process, off the request path (policies/background.py)."""
     if options.alpha is not None or options.eviction == "lru":
         return None
-    return SlidingTuner()
+    return SlidingTuner(background=BackgroundReplay())
