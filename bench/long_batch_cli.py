@@ -89,7 +89,8 @@ def table(result: dict[str, Any]) -> str:
     )
     verdict = "met" if result["target_met"] else "not met"
     title = f"cache {result['cache_gb']:g} GB: ratio {result['ratio']:.3f} "
-    lines = [title + f"(target {TARGET_RATIO}: {verdict})", head]
+    shared = f", {result['of_shared']:.3f} of the shared byte budget's batch"
+    lines = [title + f"(target {TARGET_RATIO}: {verdict}){shared}", head]
     for m in MEMORIES:
         r = runs[m]
         lines.append(
@@ -114,7 +115,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
 
     fig, axes = plt.subplots(len(results), 2, figsize=(12, 3.2 * len(results)), squeeze=False)
     for (left, right), result in zip(axes, results, strict=True):
-        for m, color in zip(MEMORIES, ("tab:blue", "tab:orange"), strict=True):
+        for m, color in zip(MEMORIES, ("tab:blue", "tab:orange", "tab:green"), strict=True):
             line = result["runs"][m]["timeline"]
             left.step(line["t"], line["decode_batch"], where="post", color=color, label=m)
             right.plot(line["t"], [b / 1e9 for b in line["kv_held"]], color=color, label=f"{m} KV")

@@ -164,18 +164,21 @@ def test_long_context_batch_is_seeded_and_in_range() -> None:
     assert long_context_batch(Workload(4, 50, 90, 3, 5, seed=3)) != a
 
 
-def test_cli_compares_both_memories_on_one_workload(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_compares_the_memories_on_one_workload(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["long-batch", "--cache-gb", "1.2", "--requests", "3", "--min-input", "20000"]
     argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "3", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     runs = result["runs"]
-    assert set(runs) == {"jenga", "sglang-split"}
+    assert set(runs) == {"jenga", "sglang-split", "bytes"}
     expected = static_split(get_spec("nemotron-h-8b"), round(1.2e9))
     assert runs["sglang-split"]["kv_pool_bytes"] == expected.kv_bytes
     assert runs["jenga"]["kv_pool_bytes"] == round(1.2e9)
     ours, theirs = (runs[m]["decode_batch_time_weighted"] for m in ("jenga", "sglang-split"))
     assert result["ratio"] == pytest.approx(ours / theirs)
+    shared = runs["bytes"]["decode_batch_time_weighted"]
+    assert result["of_shared"] == pytest.approx(ours / shared)
+    assert shared >= theirs  # one shared budget never runs fewer requests than the split
 
 
 def test_replay_of_the_written_trace_matches_the_comparison(
