@@ -176,8 +176,12 @@ class RadixTree:
         kv = self._free_duplicates(key, start, walk.length, kv)
         held = {p: st for p, st in states.items() if p <= walk.length}
         if walk.length < len(key):
-            new = {p - walk.length: st for p, st in states.items() if p > walk.length}
-            node = self._add_leaf(node, key.slice(walk.length), kv, now, new)
+            if self._can_grow(node, kv):
+                self._grow_leaf(node, key.slice(walk.length), kv, now)
+                held = dict(states)  # the grown leaf is split at its checkpoints below
+            else:
+                new = {p - walk.length: st for p, st in states.items() if p > walk.length}
+                node = self._add_leaf(node, key.slice(walk.length), kv, now, new)
         self._attach_states(key, held, now)
         return node
 
@@ -303,6 +307,38 @@ class RadixTree:
         if parent is not self.root:
             self.policy.update(parent)
         return leaf
+
+    def _can_grow(self, node: Node, kv: Sequence[Pages]) -> bool:
+        """Whether new tokens after `node` extend its edge instead of hanging a child on it.
+
+        With a Mamba group a hit ends only at a checkpoint, so the end of a leaf without one
+        is no reuse point: it exists only because the tokens arrived in two inserts (SGLang
+        checkpoints a running request's prefill, then inserts its decode when it finishes).
+        Growing the leaf keeps the tree what one insert of the whole sequence would build, so
+        eviction weighs the same nodes whichever driver filled it. Not with sliding-window
+        tombstones in the new pages (a node's tombstones must lead its edge).
+        """
+        return (
+            self.state_type is not None
+            and node is not self.root
+            and node.is_leaf
+            and node.state is None
+            and all(t == 0 for t in node.tombstones)
+            and all(len(pages) == len(kv[0]) for pages in kv)
+        )
+
+    def _grow_leaf(self, node: Node, key: TokenSeq, kv: list[Pages], now: int) -> None:
+        """Append `key` and its pages (the caller's, used) to the stateless leaf `node`."""
+        if len(kv[0]) != len(key):
+            raise AssertionError(f"growing {node!r} by {len(key)} tokens with {len(kv[0])} pages")
+        for slot, (ptype, pages) in enumerate(zip(self.kv_types, kv, strict=True)):
+            node.kv[slot] = node.kv[slot].concat(pages)
+            if node.lock_ref == 0 and len(pages):
+                self.memory.mark_evictable(ptype, pages)
+        node.key = node.key.concat(key)
+        node.end += len(key)
+        node.last_access = max(node.last_access, now)
+        self.policy.update(node)
 
     def _attach_state(self, node: Node, state: Pages, now: int) -> None:
         assert self.state_type is not None

@@ -208,3 +208,79 @@ def test_two_caches_same_trace_same_decisions(sg: Any) -> None:
         logs.append(log)
     assert logs[0] == logs[1]
     assert any(entry[0] == "evict" for entry in logs[0])
+
+
+@pytest.fixture()
+def unified(sg: Any) -> Any:
+    """Our backend (LRU) on SGLang's unified pool (--enable-unified-memory, no_buffer) of
+    6 marconi-7b states' bytes: one state = 408.75 tokens of KV, and SGLang reserves one
+    state's bytes, so an empty pool can hand out 2043 KV tokens or 4 states."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    from jenga_sglang.bench import sglang_pools
+    from jenga_sglang.bench.sglang_split import SglangSplit
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.models import get_spec
+
+    spec = get_spec("marconi-7b")
+    state, kv = spec.state_bytes, spec.kv_bytes_per_token
+    split = SglangSplit(
+        6 * state, kv_tokens=1000, mamba_slots=1, kv_bytes_per_token=kv, state_bytes=state
+    )
+    sglang_pools.server_args(unified=True, extra_buffer=False)
+    pools = sglang_pools.unified_pools(spec, split, 4096, extra_buffer=False)
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool_allocator=pools.allocator,
+        page_size=1,
+    )
+    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, eviction="lru"))
+    return cache, pools.allocator, pools.req_to_token_pool.mamba_allocator
+
+
+@pytest.mark.parametrize("path", ["ensure_mamba_capacity", "branch fork"])
+def test_unified_pool_state_admission_evicts_kv(sg: Any, unified: Any, path: str) -> None:
+    cache, allocator, mamba = unified
+    assert (allocator.available_size(), mamba.schedulable_available_size()) == (2043, 4)
+    old = list(range(10_000, 11_000))  # KV without a state (a prefill cached mid-request)
+    _insert(sg, cache, allocator, old)
+    chat = list(range(1, 301))
+    _insert(sg, cache, allocator, chat, state=mamba.alloc(1))
+    # 1300 tokens + 1 state leave 2043 - 1300 - 408.75 = 334 tokens of bytes: no state fits.
+    assert (allocator.available_size(), mamba.schedulable_available_size()) == (334, 0)
+    if path == "ensure_mamba_capacity":  # SGLang's alloc_req_slots asks for the shortfall
+        result = cache.evict_for_alloc(sg.bpc.EvictParams(num_tokens=0, mamba_num=1))
+        assert (result.num_tokens_evicted, result.mamba_num_evicted) == (1000, 0)
+        slot = mamba.alloc(1)
+    else:  # our admission forks the live state at a branch point into a fresh slot
+        slot = cache.handover.alloc_slot()
+    # LRU's victim is the older entry; its 1000 tokens of bytes hold a state, so the
+    # checkpointed chat stays (asking for freed *state slots* would have evicted it too).
+    assert slot is not None
+    assert cache.evictable_size() == 300 and cache.mamba_evictable_size() == 1
+    assert _match(sg, cache, [*chat, 7]).device_prefix_len == 300
+    r, _ = _insert(sg, cache, allocator, [*chat, *range(500, 600)], state=slot)
+    assert r.prefix_len == 300 and not r.mamba_exist  # the state was admitted
+    assert _match(sg, cache, [*chat, *range(500, 600), 7]).device_prefix_len == 400
+    assert cache.mamba_evictable_size() == 2
+    cache.sanity_check()
+
+
+def test_unified_pool_kv_allocation_drops_one_state(sg: Any, unified: Any) -> None:
+    cache, allocator, _ = unified
+    chats = [list(range(k * 1000, k * 1000 + 200)) for k in range(1, 5)]
+    for tokens in chats:  # 4 x (200 tokens + 1 state) = 2435 tokens of bytes: full after 3
+        _insert(sg, cache, allocator, tokens, state=cache.handover.alloc_slot())
+    # The fourth state evicted the first chat (LRU) whole: 3 chats are left, and
+    # 2043.75 - 600 - 3 x 408.75 = 217.5 tokens of bytes.
+    assert cache.evictable_size() == 600 and cache.mamba_evictable_size() == 3
+    assert allocator.available_size() == 217
+    need = allocator.available_size() + 300
+    result = cache.evict_for_alloc(sg.bpc.EvictParams(num_tokens=300))
+    # One chat (200 tokens + a state = 608.75 tokens of bytes) covers 300 tokens.
+    assert (result.num_tokens_evicted, result.mamba_num_evicted) == (200, 1)
+    assert allocator.available_size() >= need
+    assert _match(sg, cache, [*chats[3], 1]).device_prefix_len == 200
+    cache.sanity_check()

@@ -241,3 +241,35 @@ def test_byte_budget_alloc_each_is_one_page_at_a_time(count: int):
         )
         cache.check_integrity()
     assert outcomes[0] == outcomes[1]
+
+
+def test_a_stateless_leaf_grows_instead_of_getting_a_child():
+    # SGLang caches a running request's prefill KV (no state: hits end only at one) and, when
+    # it finishes, the rest with the state. The tree must look as if both came in one insert.
+    cache = make_cache(hybrid_spec())
+    prefill = insert_all(cache, seq(0, 6))
+    lock_before = prefill.lock_ref
+    cache.tree.lock(prefill)  # the running request holds its prefix
+    finished = insert_all(cache, seq(0, 10), (10,))
+    assert finished is prefill and (finished.start, finished.end) == (0, 10)
+    assert finished.state is not None and len(finished.kv[0]) == 10
+    kv = cache.tree.kv_types[0]
+    assert memory(cache).usage(kv).used == 10  # the new pages are locked like the old ones
+    cache.tree.unlock(prefill)
+    assert prefill.lock_ref == lock_before and memory(cache).usage(kv).evictable == 10
+    assert cache.tree.match(seq(0, 12)).length == 10
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("spec", "states"),
+    [(attention_spec(), ()), (hybrid_spec(), (6,))],
+    ids=["attention-only: every prefix is a hit", "the leaf ends at a checkpoint"],
+)
+def test_leaves_whose_end_is_a_reuse_point_keep_it(spec, states):  # type: ignore[no-untyped-def]
+    cache = make_cache(spec)
+    first = insert_all(cache, seq(0, 6), states)
+    second = insert_all(cache, seq(0, 10))
+    assert second is not first and second.parent is first
+    assert (first.end, second.start, second.end) == (6, 6, 10)
+    cache.check_integrity()

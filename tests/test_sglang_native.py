@@ -135,3 +135,29 @@ def test_via_sglang_our_backend_keeps_exact_states() -> None:
     # no_buffer: the finished request's live state sits after its last computed token,
     # input + output - 1 = 399 (SGLang never computes the last sampled token's KV).
     assert cache.serve(turn0_in + turn0_out + _seq(7000, 50), [1]) == 399
+
+
+@pytest.mark.sglang
+def test_runner_record_of_a_via_replay_matches_the_pure_one(tmp_path: Path) -> None:
+    """Six 300-token chats (10 output tokens), then a second turn of the last, at 0.3 GB.
+
+    One chat cached = its KV + a state = 309 (via) or 310 (pure) + 408.75 tokens of bytes.
+    Pure: 0.3e9 B = 4577.6 tokens hold six chats (4312.5); the second turn's new state and 3
+    tokens do not fit, so the oldest chat goes. Via: SGLang's unified pool reserves one state's
+    bytes (4168.9 left) and a running request holds its live state: the sixth chat's state and
+    KV need the oldest chat's bytes. Either way one node and one state are evicted, and the
+    second turn hits its first turn (one token less through SGLang: the last sampled token
+    never gets KV)."""
+    path = tmp_path / "six_chats.jsonl"
+    out = _seq(10**6, 10)
+    chats = [Request(k, 0, float(k), _seq(1000 * (k + 1), 300), out) for k in range(6)]
+    again = Request(5, 1, 9.0, [*chats[5].input_tokens, *out, 7, 8], [9])
+    write_trace(path, [*chats, again])
+    via = run(RunConfig(str(path), "marconi-7b", 0.3, "jenga", via="sglang"))
+    pure = run(RunConfig(str(path), "marconi-7b", 0.3, "jenga"))
+    for record, hit in ((via, 309), (pure, 310)):
+        assert record["hit_tokens"] == hit
+        assert (record["evicted_nodes"], record["evicted_states"]) == (1, 1)
+        assert (record["alpha"], record["tunings"]) == (0.0, 0)
+    assert via["sglang_end_kv_cached_tokens"] == 5 * 309 + 3
+    assert via["sglang_end_mamba_cached_states"] == 6

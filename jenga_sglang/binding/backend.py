@@ -83,7 +83,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             if spec.has_mamba
             else None
         )
-        self.memory = SlotMemory(self._capacity(), self._page_bytes(), self._give_back)
+        # SGLang's unified pool (--enable-unified-memory) offers a "Mamba/Full donor": KV and
+        # states share one byte buffer. Then our memory models one shared budget, and the
+        # engine's own free counts say when an allocation fits (SlotMemory.make_room).
+        donor = getattr(self.token_to_kv_pool_allocator, "mamba_full_cache_donor", None)
+        self._donor = donor() if callable(donor) and self.state_type is not None else None
+        capacity, page_bytes = self._capacity(), self._page_bytes()
+        shared = max(n * page_bytes[t] for t, n in capacity.items()) if self._donor else None
+        self.memory = SlotMemory(capacity, page_bytes, self._give_back, shared, self._room)
         self.cache = PrefixCache(
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )
@@ -145,8 +152,27 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         else:
             self.req_to_token_pool.mamba_allocator.free(index)
 
+    def _room(self, ptype: PageType) -> int:
+        """Slots of `ptype` SGLang's allocators can hand out now, frees held back in an open
+        free group included (the scheduler groups frees while it processes a batch)."""
+        allocator = self.token_to_kv_pool_allocator
+        if self._donor is not None:
+            self._donor.flush_deferred_full_frees()  # KV frees give the states their bytes
+        if ptype == self.kv_type:
+            pending = sum(int(t.numel()) for t in (getattr(allocator, "free_group", None) or ()))
+            return int(allocator.available_size()) + pending
+        return int(self.req_to_token_pool.mamba_allocator.schedulable_available_size())
+
+    def _make_room(self, ptype: PageType, count: int) -> None:
+        """Evict our policy's victims until SGLang can allocate `count` slots of `ptype`."""
+        self.memory.make_room(ptype, count)
+        if ptype == self.state_type and self._donor is not None:
+            self._donor.prepare_mamba_allocation(count)  # SGLang's step before a state alloc
+
     def _evict_states(self, count: int) -> None:
-        self.evict(EvictParams(num_tokens=0, mamba_num=count))
+        assert self.state_type is not None
+        self._make_room(self.state_type, count)
+        self.sync_metrics()
 
     # ------------------------------------------------------------------ tree wrappers
 
@@ -285,22 +311,21 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         return DecLockRefResult(delta=self._evictable_tokens() - before)
 
     def evict(self, params: EvictParams) -> EvictResult:
+        """Make room for `num_tokens` more KV slots and `mamba_num` more states than SGLang
+        can allocate now (SGLang passes shortfalls). Victims come from our policy over every
+        page type: on a unified pool a state's bytes may come from KV leaves and KV's from a
+        dropped state. On separate pools this is "free that many slots of each type"."""
         freed = dict(self.memory.freed_slots)
-        kv_goal, state_goal = params.num_tokens, params.mamba_num
-
-        def done() -> tuple[int, int]:
-            kv = self.memory.freed_slots[self.kv_type] - freed[self.kv_type]
-            st = 0
-            if self.state_type is not None:
-                st = self.memory.freed_slots[self.state_type] - freed[self.state_type]
-            return kv, st
-
-        while done()[0] < kv_goal or done()[1] < state_goal:
-            if not self.cache.tree.evict_for(
-                self.kv_type if done()[0] < kv_goal else self.state_type or self.kv_type
-            ):
-                break
-        kv, st = done()
+        goals = [(self.kv_type, params.num_tokens)]
+        if self.state_type is not None:
+            goals.append((self.state_type, params.mamba_num))
+        for ptype, goal in goals:
+            if goal > 0:
+                self._make_room(ptype, self._room(ptype) + goal)
+        kv = self.memory.freed_slots[self.kv_type] - freed[self.kv_type]
+        st = 0
+        if self.state_type is not None:
+            st = self.memory.freed_slots[self.state_type] - freed[self.state_type]
         self.sync_metrics()
         return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
 

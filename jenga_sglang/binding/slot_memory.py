@@ -16,6 +16,21 @@ Accounting per page type covers the slots the tree holds:
 so the tree's conservation law `free + evictable + used == total` holds by construction, and
 `check_integrity` verifies that no slot id is held twice and that the counters match the ids.
 
+Two layouts of SGLang's memory:
+
+* separate pools (the static split): each type has its own `capacity[t]` slots;
+* one shared byte pool (`--enable-unified-memory`, `shared_bytes`): KV tokens and states take
+  bytes of the same buffer, so evicting KV makes room for a state and dropping a state makes
+  room for KV. `capacity[t]` is then the most slots of type t the buffer could hold, and what
+  is free of each type is computed from the bytes not held (like `ByteBudget`).
+
+When SGLang needs room (`make_room`), the question "can the engine allocate `count` more?" is
+the engine's own: the backend passes `room`, SGLang's allocators' free counts, which see the
+real layout (entry padding, reserved slots, compaction). The memory asks its evictor for
+victims until that holds; the tree's policy picks them over every page type, so a state's bytes
+may come from KV leaves and the other way round. Counting freed slots of the short type instead
+would over-evict on a shared pool (a dropped state frees no KV *slots*, but 400 tokens of bytes).
+
 `alloc` serves the offline alpha tuner, which replays a window of requests on a pickled copy of
 the cache: there the copy hands out fresh synthetic ids (never seen by SGLang) within the
 capacity, evicting through the tree like any memory. A copy is detached from the sink.
@@ -29,16 +44,20 @@ from typing import Any
 from jenga_sglang.radix.memory import CacheMemory, IdPages, OutOfMemory, Pages, PageType, Usage
 
 SlotSink = Callable[[PageType, list[int]], None]
+Room = Callable[[PageType], int]  # slots of a type the engine can hand out right now
 
 
 class SlotMemory(CacheMemory):
-    """Slot ids adopted from SGLang; `capacity[t]` slots of `page_bytes[t]` bytes per type."""
+    """Slot ids adopted from SGLang; `capacity[t]` slots of `page_bytes[t]` bytes per type,
+    all types drawing on `shared_bytes` when given (one unified buffer)."""
 
     def __init__(
         self,
         capacity: Mapping[PageType, int],
         page_bytes: Mapping[PageType, int],
         sink: SlotSink | None,
+        shared_bytes: int | None = None,
+        room: Room | None = None,
     ) -> None:
         super().__init__()
         if set(capacity) != set(page_bytes):
@@ -50,8 +69,12 @@ class SlotMemory(CacheMemory):
                 raise ValueError(
                     f"{ptype}: capacity {n} and page bytes {page_bytes[ptype]} must be > 0"
                 )
+        if shared_bytes is not None and shared_bytes <= 0:
+            raise ValueError(f"shared pool of {shared_bytes} bytes must be > 0")
         self._capacity = dict(capacity)
         self._bytes = dict(page_bytes)
+        self._shared = shared_bytes
+        self._room = room
         self._used: dict[PageType, set[int]] = {t: set() for t in capacity}
         self._evictable: dict[PageType, set[int]] = {t: set() for t in capacity}
         self._sink = sink
@@ -75,6 +98,22 @@ class SlotMemory(CacheMemory):
     def held(self, ptype: PageType) -> int:
         return len(self._used[ptype]) + len(self._evictable[ptype])
 
+    def room(self, ptype: PageType) -> int:
+        """Slots of `ptype` that can be allocated now: the engine's count when attached,
+        else this memory's own model (a detached copy in a tuner replay)."""
+        return self._room(ptype) if self._room is not None else self._model_room(ptype)
+
+    def make_room(self, ptype: PageType, count: int) -> bool:
+        """Evict the policy's victims until `count` slots of `ptype` can be allocated;
+        False if the tree ran out of victims first."""
+        return self._evict_until(ptype, lambda: self.room(ptype) >= count)
+
+    def _model_room(self, ptype: PageType) -> int:
+        room = self._capacity[ptype] - self.held(ptype)
+        if self._shared is not None:
+            room = min(room, (self._shared - self.held_bytes()) // self._bytes[ptype])
+        return max(0, room)
+
     # ------------------------------------------------------------------ CacheMemory
 
     @property
@@ -86,6 +125,8 @@ class SlotMemory(CacheMemory):
 
     @property
     def capacity_bytes(self) -> int:
+        if self._shared is not None:
+            return self._shared
         return sum(n * self._bytes[t] for t, n in self._capacity.items())
 
     def held_bytes(self) -> int:
@@ -96,8 +137,7 @@ class SlotMemory(CacheMemory):
             raise ValueError(f"cannot allocate {count} pages")
         if count > self._capacity[ptype]:
             raise OutOfMemory(f"{ptype}: {count} pages exceed the capacity {self._capacity[ptype]}")
-        ok = self._evict_until(ptype, lambda: self.held(ptype) + count <= self._capacity[ptype])
-        if not ok:
+        if not self._evict_until(ptype, lambda: self._model_room(ptype) >= count):
             raise OutOfMemory(f"{ptype}: evictor could not make room for {count} pages")
         ids = list(range(self._next_synthetic, self._next_synthetic - count, -1))
         self._next_synthetic -= count
@@ -118,8 +158,8 @@ class SlotMemory(CacheMemory):
 
     def usage(self, ptype: PageType) -> Usage:
         used, evictable = len(self._used[ptype]), len(self._evictable[ptype])
-        total = self._capacity[ptype]
-        return Usage(total, total - used - evictable, evictable, used, self._bytes[ptype])
+        free = self._model_room(ptype)  # on a shared pool: if every free byte went to ptype
+        return Usage(used + evictable + free, free, evictable, used, self._bytes[ptype])
 
     def check_integrity(self) -> None:
         for ptype, total in self._capacity.items():
@@ -150,4 +190,5 @@ class SlotMemory(CacheMemory):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
+        state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
