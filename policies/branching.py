@@ -74,9 +74,12 @@ class BranchLearningAdmission(SpeculativeAdmission):
         """Record a request that found a cached sequence it extends: it either continues at
         that sequence's end (a leaf end, fanout 0: tail 0) or leaves it mid-edge (tail > 0).
         Other requests (left the tree at a shared junction: their own history was not cached)
-        say nothing about where requests branch and are not counted."""
+        say nothing about where requests branch and are not counted, nor are divergences
+        after fewer than `min_branch_tokens` shared tokens: a new conversation leaving another
+        one after the chat template's opening tokens is not a rewrite of its own history."""
         if branch.tail > 0:
-            self._recent.append(branch.tail)
+            if branch.length >= self.min_branch_tokens:
+                self._recent.append(branch.tail)
         elif branch.at_node_end and branch.fanout == 0 and branch.length > 0:
             self._recent.append(0)
 

@@ -14,7 +14,9 @@ bypassed. Whether it is still worth its bytes depends on the workload:
 `BypassLearner` marks these tails and measures which case holds, on a control sample that is
 never treated specially (1 in `control_every` bypass events, chosen by node id): a control
 tail is *revived* when a later hit runs through it and *dead* when it leaves the tree first.
-Once at least `min_resolved` control tails are resolved and fewer than `max_revival` of them
+Only divergences after at least `min_shared` tokens count: a new conversation that leaves another
+one after a chat template's opening tokens has not rewritten anything. Once at least
+`min_resolved` control tails are resolved and fewer than `max_revival` of them
 were revived, the policy trusts the signal and evicts marked tails before anything else. The
 control sample keeps measuring, so a change of workload turns the rule off again.
 """
@@ -29,7 +31,11 @@ from jenga_sglang.radix.node import Node
 
 class BypassLearner:
     def __init__(
-        self, control_every: int = 8, min_resolved: int = 16, max_revival: float = 0.1
+        self,
+        control_every: int = 8,
+        min_resolved: int = 16,
+        max_revival: float = 0.1,
+        min_shared: int = 0,
     ) -> None:
         if control_every < 2 or min_resolved < 1 or not 0 <= max_revival <= 1:
             raise ValueError(
@@ -39,6 +45,7 @@ class BypassLearner:
         self.control_every = control_every
         self.min_resolved = min_resolved
         self.max_revival = max_revival
+        self.min_shared = min_shared
         self._marked: dict[int, Node] = {}  # bypassed tails still in the tree, control included
         self._control: set[int] = set()
         self.revived = 0
@@ -48,7 +55,7 @@ class BypassLearner:
 
     def observe(self, walk: Walk) -> list[Node]:
         """A request's walk; returns the nodes it newly marks as a bypassed tail."""
-        if not walk.path or walk.path[-1].end == walk.length:
+        if not walk.path or walk.path[-1].end == walk.length or walk.length < self.min_shared:
             return []
         chain = list(_only_child_chain(walk.path[-1]))
         if chain[-1].children:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from jenga_sglang.policies.base import EvictionPolicy, NodeCost
 from jenga_sglang.policies.bypass import BypassLearner
+from jenga_sglang.policies.cost import SpecNodeCost
 from jenga_sglang.policies.ranking import Ranked
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
@@ -199,6 +200,13 @@ class JengaEviction(FlopAwareEviction):
         if node.lock_ref or node.parent is None:
             return False
         return node.is_leaf or node.state is not None
+
+    def bind_cost(self, node_flops: NodeCost) -> None:
+        super().bind_cost(node_flops)
+        if isinstance(node_flops, SpecNodeCost) and node_flops.state_bytes:
+            # the admission's short-branch bound: a quarter of a state's KV-equivalent tokens
+            kv = max(1, sum(node_flops.kv_page_bytes))
+            self.bypass.min_shared = round(0.25 * node_flops.state_bytes / kv)
 
     @staticmethod
     def is_superseded(node: Node) -> bool:

@@ -174,3 +174,22 @@ def test_control_tails_measure_revival():
     assert learner_.dead == len(controls)
     assert learner_.trusted == (len(controls) >= 2)
     cache.check_integrity()
+
+
+def test_divergences_after_a_few_shared_tokens_are_not_learned():
+    # a new conversation leaving another after the chat template's opening tokens
+    admission = learner(min_branch_tokens=10)
+    for _ in range(8):
+        admission.plan(Branch(5, False, False, tail=300), 1000, 1100, 0)
+    assert admission.predicted_tails() is None
+
+
+def test_short_shared_divergences_mark_no_tail():
+    policy = JengaEviction(alpha=0.0)
+    cache = make_cache(hybrid_spec(), eviction=policy)
+    policy.bypass.min_shared = 13
+    cache.serve(seq(0, 20), toks(900), owner=1)
+    cache.serve(seq(0, 12).concat(toks(500, 501)), toks(901), owner=2)  # shared 12 < 13
+    assert policy.bypass.marked() == []
+    cache.serve(seq(0, 16).concat(toks(600)), toks(902), owner=3)  # shared 16
+    assert [n.end for n in policy.bypass.marked()] == [21]
