@@ -9,8 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jenga_sglang.radix.node import Node
+
+if TYPE_CHECKING:
+    from jenga_sglang.radix.match import Walk
 
 
 class EvictionPolicy(ABC):
@@ -45,6 +49,9 @@ class EvictionPolicy(ABC):
 
     def bind_cost(self, node_flops: NodeCost) -> None:  # noqa: B027 - optional hook
         """Give the policy the cost model it needs (FLOP-aware policies override this)."""
+
+    def observe(self, walk: Walk) -> None:  # noqa: B027 - optional hook
+        """A request's raw walk (where it leaves the tree), before anything is inserted."""
 
 
 class NodeCost(ABC):
@@ -95,9 +102,13 @@ class Branch:
     point is the end of an existing node (inserting would create no new intermediate node),
     `checkpointed` whether that node holds an SSM state, and `fanout` how many continuations the
     tree already holds there (the node's children at a node end; 1 in the middle of an edge).
+    `tail` is, for a branch in the middle of an edge, how many tokens of the cached sequence
+    continue past the branch point (down to the leaf of that edge's only-child chain): how far
+    from that sequence's end the new input diverged. 0 at a node end.
     """
 
     length: int
     at_node_end: bool
     checkpointed: bool
     fanout: int = 1
+    tail: int = 0

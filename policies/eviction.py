@@ -35,7 +35,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jenga_sglang.policies.base import EvictionPolicy, NodeCost
+from jenga_sglang.policies.bypass import BypassLearner
+from jenga_sglang.policies.cost import SpecNodeCost
 from jenga_sglang.policies.ranking import Ranked
+from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 
 
@@ -100,9 +103,13 @@ class FlopAwareEviction(EvictionPolicy):
             self._by_efficiency.put(node, f)
             self._by_blend.put(node, node.last_access + self._beta0 * f)
         else:
-            self.remove(node)
+            self._discard(node)
 
     def remove(self, node: Node) -> None:
+        self._discard(node)
+
+    def _discard(self, node: Node) -> None:
+        """Take the node out of the candidate orders (it may stay in the tree)."""
         self._by_recency.discard(node)
         self._by_efficiency.discard(node)
         self._by_blend.discard(node)
@@ -161,9 +168,13 @@ class FlopAwareEviction(EvictionPolicy):
 
 
 class JengaEviction(FlopAwareEviction):
-    """FLOP-aware eviction that first drops superseded checkpoints.
+    """FLOP-aware eviction that first drops abandoned tails, then superseded checkpoints.
 
     Candidates are unlocked leaves and unlocked inner nodes holding a state.
+
+    * Abandoned tails (`policies/bypass.py`): what a request left behind when it diverged inside
+      a cached sequence, once a control sample shows such tails are not hit again on this
+      workload. Least recently used first.
 
     * Superseded: a one-child node with a state whose child also ends in a state that has since
       been hit. The requests that pass this way now resume from the deeper checkpoint: in a
@@ -180,12 +191,22 @@ class JengaEviction(FlopAwareEviction):
     def __init__(self, alpha: float = 0.0) -> None:
         super().__init__(alpha)
         self._superseded = Ranked()
+        self._abandoned = Ranked()
+        self.bypass = BypassLearner()
+        self._trusted = False  # the bypass rule the current ranking reflects
 
     @staticmethod
     def is_candidate(node: Node) -> bool:
         if node.lock_ref or node.parent is None:
             return False
         return node.is_leaf or node.state is not None
+
+    def bind_cost(self, node_flops: NodeCost) -> None:
+        super().bind_cost(node_flops)
+        if isinstance(node_flops, SpecNodeCost) and node_flops.state_bytes:
+            # the admission's short-branch bound: a quarter of a state's KV-equivalent tokens
+            kv = max(1, sum(node_flops.kv_page_bytes))
+            self.bypass.min_shared = round(0.25 * node_flops.state_bytes / kv)
 
     @staticmethod
     def is_superseded(node: Node) -> bool:
@@ -197,18 +218,42 @@ class JengaEviction(FlopAwareEviction):
         return child.state is not None and child.hit_count > 0
 
     def update(self, node: Node) -> None:
-        if self.is_candidate(node) and self.is_superseded(node):
-            super().remove(node)
+        candidate = self.is_candidate(node)
+        if candidate and self.bypass.goes_first(node):
+            self._superseded.discard(node)
+            super()._discard(node)
+            self._abandoned.put(node, node.last_access)
+            return
+        self._abandoned.discard(node)
+        if candidate and self.is_superseded(node):
+            super()._discard(node)
             self._superseded.put(node, node.last_access)
         else:
             self._superseded.discard(node)
             super().update(node)
 
     def remove(self, node: Node) -> None:
+        self.bypass.removed(node)  # the node leaves the tree
+        self._discard(node)
+
+    def _discard(self, node: Node) -> None:
+        self._abandoned.discard(node)
         self._superseded.discard(node)
-        super().remove(node)
+        super()._discard(node)
+
+    def observe(self, walk: Walk) -> None:
+        self._rerank(self.bypass.observe(walk))
+
+    def _rerank(self, changed: list[Node]) -> None:
+        """Re-rank nodes whose mark changed; all marked ones when the rule switched on or off."""
+        if self.bypass.trusted != self._trusted:
+            self._trusted = self.bypass.trusted
+            changed = changed + self.bypass.marked()
+        for node in changed:
+            self.update(node)
 
     def refresh(self, path: Sequence[Node], now: int) -> None:
+        self._rerank(self.bypass.hit(path))
         deepest = path[-1]
         if deepest in self._superseded:
             deepest.last_access = now
@@ -220,5 +265,8 @@ class JengaEviction(FlopAwareEviction):
             self.update(parent)  # a hit below may have just superseded the parent's state
 
     def victim(self) -> Node | None:
-        first = self._superseded.first()
-        return first if first is not None else super().victim()
+        for order in (self._abandoned, self._superseded):
+            first = order.first()
+            if first is not None:
+                return first
+        return super().victim()

@@ -32,7 +32,17 @@ class Walk:
         last = self.path[-1]
         at_end = last.end == self.length
         fanout = len(last.children) if at_end else 1
-        return Branch(self.length, at_end, at_end and last.state is not None, fanout)
+        tail = 0 if at_end else _tail(last, self.length)
+        return Branch(self.length, at_end, at_end and last.state is not None, fanout, tail)
+
+
+def _tail(node: Node, at: int) -> int:
+    """Tokens from `at` (inside `node`'s edge) to the end of the one cached sequence through
+    `node`: follow only children down to a leaf. 0 when the path forks below (no single
+    sequence to measure)."""
+    while len(node.children) == 1:
+        (node,) = node.children.values()
+    return node.end - at if not node.children else 0
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ class RadixTree:
         return MatchResult(length, path, walk)
 
     def touch(self, result: MatchResult, now: int) -> None:
-        """Record a hit: the policy refreshes recency, the deepest node counts the hit."""
+        """Record a look-up: the policy sees where it left the tree and refreshes recency; the
+        deepest node counts the hit."""
+        self.policy.observe(result.walk)
         if result.path:
             result.path[-1].hit_count += 1
             self.policy.refresh(result.path, now)

@@ -49,3 +49,16 @@ def test_summary_counts_configs_where_jenga_loses():
 def test_a_capacity_violation_is_an_error():
     with pytest.raises(ValueError, match="capacity"):
         table([record("a", 1, "jenga", 0.1, violations=1)])
+
+
+def test_a_jenga_only_grid_still_gets_jenga_figures():
+    records = [
+        record("a", 1, "jenga", 0.3),
+        record("a", 1, "sglang-lru", 0.2),
+        record("a", 1, "marconi@0.5", 0.25),
+    ]
+    out = summary(table(records)[0])
+    assert out["mean_jenga"] == pytest.approx(0.3)
+    assert out["mean_oracle"] == pytest.approx(0.25)
+    assert out["jenga_below_sglang_lru_configs"] == 0
+    assert "marconi_over_vllm_ratio_of_means" not in out

@@ -431,10 +431,13 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
 
 def _decode_budget(req: Any) -> int:
-    """Tokens the request may still decode (its final length is unknown before it finishes)."""
-    params = getattr(req, "sampling_params", None)
-    budget = getattr(params, "max_new_tokens", None)
-    return max(0, int(budget)) if budget is not None else 0
+    """1 when the request will decode, else 0. Its final length is unknown before it finishes,
+    so the plan learns only that decoding follows the prompt (a prompt-end state is then worth
+    keeping); learned branch distances are thus measured from the end of the input."""
+    if req is None:
+        return 0  # a probe match: nothing will be prefilled
+    budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+    return 1 if budget is None or int(budget) > 0 else 0
 
 
 def _at(captured: Captured | None) -> tuple[int, int] | None:

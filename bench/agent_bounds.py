@@ -1,0 +1,106 @@
+"""How far can any policy get above LRU on a multi-session trace? Session-level bounds.
+
+A session-level model of the cache: after each request its session holds its whole sequence
+(input + output KV) plus two states, and nothing else is cached (no dead tails, no wasted
+states). A request whose session is held hits what it hits in an unbounded cache (the
+ceiling of speculative admission); one whose session is not held hits at most the shared
+prefix (`shared` tokens). Under a byte budget the model evicts whole sessions, either
+
+* `lru`: least recently served first (an online rule; with memoryless gaps between a
+  session's requests, evicting at random does about as well), or
+* `belady`: the session whose next request is furthest in the future (clairvoyant).
+
+The gap between the tree's LRU and session `lru` is what removing waste can buy online; the
+gap up to `belady` needs knowledge of the future. Also counts, for the tree's `sglang-lru`,
+how many misses follow a miss of the same session (one eviction costing two requests).
+
+    python -m jenga_sglang.bench.agent_bounds data/traces/agent-e65e885ce70e.jsonl.gz 5,10,20,40
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from jenga_sglang.bench.replay import PackedRequest
+from jenga_sglang.bench.runner import load_packed
+from jenga_sglang.models.presets import marconi_7b
+from jenga_sglang.policies.bundles import build_cache, byte_budget
+
+UNBOUNDED = 10**15
+
+
+def per_request_hits(reqs: Sequence[PackedRequest], policy: str, cache_bytes: int) -> list[int]:
+    spec = marconi_7b()
+    cache, tuner = build_cache(policy, spec, byte_budget(spec, cache_bytes))
+    hits = []
+    for i, r in enumerate(reqs):
+        hits.append(cache.serve(r.inp, r.out, owner=i).hit_tokens)
+        if tuner is not None:
+            tuner.after_request(cache, r.inp, r.out)
+    return hits
+
+
+def session_model(
+    reqs: Sequence[PackedRequest], ceiling: Sequence[int], cache_bytes: int, rule: str, shared: int
+) -> float:
+    spec = marconi_7b()
+    next_use = [0] * len(reqs)
+    seen: dict[int, int] = {}
+    for i in range(len(reqs) - 1, -1, -1):
+        next_use[i] = seen.get(reqs[i].session_id, len(reqs))
+        seen[reqs[i].session_id] = i
+    held: dict[int, int] = {}  # session -> bytes
+    key: dict[int, int] = {}  # session -> last served (lru) or next request (belady)
+    hit = 0
+    for i, r in enumerate(reqs):
+        s = r.session_id
+        hit += ceiling[i] if s in held else min(ceiling[i], shared)
+        held[s] = (len(r.inp) + len(r.out)) * spec.kv_bytes_per_token + 2 * spec.state_bytes
+        key[s] = i if rule == "lru" else -next_use[i]
+        total = sum(held.values())
+        while total > cache_bytes and len(held) > 1:
+            victim = min((k for k in held if k != s), key=key.__getitem__)
+            total -= held.pop(victim)
+    return hit / sum(len(r.inp) for r in reqs)
+
+
+def misses_after_misses(
+    reqs: Sequence[PackedRequest], ceiling: Sequence[int], hits: Sequence[int]
+) -> tuple[int, int]:
+    """(misses that follow a miss of the same session, all misses); miss = below the ceiling."""
+    last: dict[int, bool] = {}
+    chained = total = 0
+    for r, c, h in zip(reqs, ceiling, hits, strict=True):
+        miss = h < c
+        total += miss
+        chained += miss and last.get(r.session_id, False)
+        last[r.session_id] = miss
+    return chained, total
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("cache_gb", help="comma-separated sizes in GB (1e9 bytes)")
+    ap.add_argument("--shared", type=int, default=400, help="tokens every request shares")
+    args = ap.parse_args(argv)
+    reqs = load_packed(args.trace)
+    total = sum(len(r.inp) for r in reqs)
+    ceiling = per_request_hits(reqs, "sglang-lru", UNBOUNDED)
+    print(f"ceiling {sum(ceiling) / total:.4f}")
+    print("GB  tree-lru  session-lru  session-belady  misses-after-miss")
+    for gb in (float(x) for x in args.cache_gb.split(",")):
+        size = int(gb * 1e9)
+        tree = per_request_hits(reqs, "sglang-lru", size)
+        chained, misses = misses_after_misses(reqs, ceiling, tree)
+        lru = session_model(reqs, ceiling, size, "lru", args.shared)
+        belady = session_model(reqs, ceiling, size, "belady", args.shared)
+        print(
+            f"{gb:g}  {sum(tree) / total:.4f}  {lru:.4f}  {belady:.4f}  {chained}/{misses}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
