@@ -120,12 +120,17 @@ class Session:
         sg.alloc_req_slots(self.pool, [req], self.cache)
         return req
 
-    def prefill(self, req: Any, first_output: int, cut_at: int | None = None) -> None:
-        """Chunks of CHUNK tokens; `cut_at` ends a chunk exactly there (the branch cut)."""
+    def prefill(
+        self, req: Any, first_output: int, cut_at: int | None = None, follow_plan: bool = False
+    ) -> None:
+        """Chunks of CHUNK tokens; `cut_at` ends a chunk exactly there (the branch cut), and
+        `follow_plan` ends one at each `req.mamba_branching_seqlen` (what prefill_cut does)."""
         total = len(req.origin_input_ids)
         while req.prefix_len < total:
             start = req.prefix_len
             end = min(start + CHUNK, total)
+            if follow_plan:
+                cut_at = req.mamba_branching_seqlen
             if cut_at is not None and start < cut_at < end:
                 end = cut_at
             req.extend_end = end
@@ -258,6 +263,23 @@ def test_prompt_end_state_is_captured_after_the_last_chunk(sg: Any) -> None:
     assert hit == 100 and seeded == _expected(sg, a)
     assert s.cache.states_admitted == 4  # prompt end and finish of each request
     assert s.state_node([*rendered, 3], len(rendered) + 1).state is not None
+    s.slots_balance()
+
+
+def test_each_planned_position_is_named_in_turn_and_captured(sg: Any) -> None:
+    """A plan of several positions (learned branch predictions): after each capture the
+    backend names the next one, so the scheduler cuts there too."""
+    s = Session(sg)
+    a = _tokens(0, 100)
+    req = s.admit(a, 2)
+    s.cache._planned[req.rid] = (30, 50)  # as a trained BranchLearningAdmission would plan
+    req.mamba_branching_seqlen = 30
+    s.prefill(req, 1, follow_plan=True)
+    assert req.mamba_branching_seqlen is None  # nothing planned past 50
+    s.decode_and_finish(req, a, [1, 2])
+    for pos in (30, 50):
+        node = s.state_node(a, pos)
+        assert s.read(node.state.ids()[0]) == _expected(sg, a[:pos])
     s.slots_balance()
 
 

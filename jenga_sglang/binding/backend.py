@@ -334,7 +334,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Insert the request's KV [0, up_to) and the state our admission wants, repoint its
         row at the tree's slots, relock. A finished request hands its state over (mamba_state);
-        a running one forks it only at its planned branch point."""
+        a running one forks it only at a planned position, then names the next one as
+        `req.mamba_branching_seqlen`, where the scheduler ends its next chunk (prefill_cut)."""
         finished = bool(req.finished())
         if self.disable:
             self._planned.pop(req.rid, None)
@@ -345,6 +346,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if self.handover is not None:
             planned = self._planned.pop(req.rid, ()) if finished else self._planned.get(req.rid, ())
             captured = self.handover.capture(req, up_to, finished, planned)
+            if not finished:
+                req.mamba_branching_seqlen = next((p for p in planned if p > up_to), None)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         tokens = TokenSeq.of(list(req.full_untruncated_fill_ids[:up_to]))
         result = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), _at(captured))
