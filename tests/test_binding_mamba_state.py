@@ -294,3 +294,13 @@ def test_abort_gives_slots_back(sg: Any) -> None:
     sg.release_kv_cache(req, s.cache, checkpoint=False)
     assert not req.kv.holds_mamba
     s.slots_balance()
+
+
+def test_plans_of_requests_that_never_finish_are_bounded(sg: Any) -> None:
+    from jenga_sglang.binding import backend
+
+    s = Session(sg)
+    for rid in range(backend._MAX_PLANS + 10):  # e.g. aborted while queued: never released
+        s.cache._remember_plan(str(rid), (5,))
+    assert len(s.cache._planned) == backend._MAX_PLANS
+    assert "0" not in s.cache._planned and str(backend._MAX_PLANS + 9) in s.cache._planned

@@ -52,6 +52,8 @@ from jenga_sglang.radix.memory import PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 
+_MAX_PLANS = 16_384  # far more requests than a scheduler holds queued and running at once
+
 
 class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no types
     """SGLang prefix cache backed by jenga-sglang's heterogeneous radix tree.
@@ -207,7 +209,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         node = found.node if found.node is not None else self.root_node
         planned = self._plan(params, found)
         if params.req is not None:
-            self._planned[params.req.rid] = planned
+            self._remember_plan(params.req.rid, planned)
         if params.cow_mamba and params.req is not None and found.state is not None:
             self._seed(params.req, found)
         self.sync_metrics()
@@ -236,6 +238,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             TokenSeq.of(params.key.token_ids), found, input_len + _decode_budget(params.req)
         )
         return tuple(sorted(p for p in plan.prefill_at if found.length < p <= input_len))
+
+    def _remember_plan(self, rid: str, planned: tuple[int, ...]) -> None:
+        """Keep the request's plan until it finishes or is released. A request aborted while
+        queued may never reach either, so the oldest plans beyond `_MAX_PLANS` are dropped."""
+        self._planned.pop(rid, None)
+        self._planned[rid] = planned
+        if len(self._planned) > _MAX_PLANS:
+            del self._planned[next(iter(self._planned))]
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
         """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
