@@ -25,7 +25,7 @@ from jenga_sglang.bench.sglang_split import (
 )
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.memory import (
-    CacheMemory,
+    CountedMemory,
     CountPages,
     OutOfMemory,
     PageKind,
@@ -35,36 +35,21 @@ from jenga_sglang.radix.memory import (
 )
 
 
-class StaticSplitMemory(CacheMemory):
+class StaticSplitMemory(CountedMemory):
     """Fixed page counts per type; one page = one token of KV (per group) or one SSM state."""
 
     def __init__(self, capacity_bytes: int, pages: Mapping[PageType, tuple[int, int]]) -> None:
         """`pages[t]` = (number of pages, bytes per page) of type t."""
-        super().__init__()
         if any(n <= 0 or size <= 0 for n, size in pages.values()):
             raise ValueError(f"page counts and sizes must be positive: {dict(pages)}")
         assigned = sum(n * size for n, size in pages.values())
         if assigned > capacity_bytes:
             raise ValueError(f"pools of {assigned} bytes exceed the budget of {capacity_bytes}")
-        self._capacity = capacity_bytes
+        super().__init__(capacity_bytes, {t: size for t, (_, size) in pages.items()})
         self._total = {t: n for t, (n, _) in pages.items()}
-        self._sizes = {t: size for t, (_, size) in pages.items()}
-        self._used = dict.fromkeys(pages, 0)
-        self._evictable = dict.fromkeys(pages, 0)
         self._wasted = capacity_bytes - assigned
 
     # ---- queries -----------------------------------------------------------------------------
-
-    @property
-    def page_types(self) -> tuple[PageType, ...]:
-        return tuple(self._total)
-
-    def page_bytes(self, ptype: PageType) -> int:
-        return self._sizes[ptype]
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self._capacity
 
     def pool_bytes(self, kind: PageKind) -> int:
         """Bytes assigned to the pools of one kind (KV or SSM state)."""
@@ -87,7 +72,7 @@ class StaticSplitMemory(CacheMemory):
             count <= self._total[t] - (0 if empty else self._used[t]) for t, count in demand.items()
         )
 
-    # ---- page moves ----------------------------------------------------------------------------
+    # ---- allocation (page moves: CountedMemory) -------------------------------------------
 
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:
@@ -103,27 +88,6 @@ class StaticSplitMemory(CacheMemory):
             raise OutOfMemory(f"evictor could not free {count} {ptype} pages")
         self._used[ptype] += count
         return CountPages(count)
-
-    def free(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, None)
-
-    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._evictable, None)
-
-    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, self._evictable)
-
-    def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._evictable, self._used)
-
-    def _move(
-        self, ptype: PageType, n: int, src: dict[PageType, int], dst: dict[PageType, int] | None
-    ) -> None:
-        if src[ptype] < n:
-            raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
-        src[ptype] -= n
-        if dst is not None:
-            dst[ptype] += n
 
     def check_integrity(self) -> None:
         for t, total in self._total.items():

@@ -244,26 +244,17 @@ class CacheMemory(ABC):
         return True
 
 
-class ByteBudget(CacheMemory):
-    """Byte accounting with a hard budget: one page = one token of KV or one SSM state.
+class CountedMemory(CacheMemory):
+    """Pages counted per type (no ids): `used` and `evictable` counters, and the page moves
+    that keep them. Subclasses decide what an allocation may take (`alloc`, `usage`) and
+    hear of every freed page through `_released`."""
 
-    `capacity_violations` counts moments when held bytes exceeded the budget; the allocator is
-    built so that it stays 0 (tests and the simulator assert it).
-    """
-
-    def __init__(self, capacity_bytes: int, page_sizes: dict[PageType, int]) -> None:
+    def __init__(self, capacity_bytes: int, page_sizes: Mapping[PageType, int]) -> None:
         super().__init__()
-        if capacity_bytes <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity_bytes} bytes")
-        if any(size <= 0 for size in page_sizes.values()):
-            raise ValueError(f"page sizes must be positive: {page_sizes}")
         self._capacity = capacity_bytes
         self._sizes = dict(page_sizes)
         self._used = dict.fromkeys(page_sizes, 0)
         self._evictable = dict.fromkeys(page_sizes, 0)
-        self._held = 0
-        self.peak_bytes = 0
-        self.capacity_violations = 0
 
     @property
     def page_types(self) -> tuple[PageType, ...]:
@@ -275,6 +266,51 @@ class ByteBudget(CacheMemory):
     @property
     def capacity_bytes(self) -> int:
         return self._capacity
+
+    def free(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._used, None)
+        self._released(ptype, len(pages))
+
+    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
+        """Free pages that are currently evictable (the tree evicting a cached entry)."""
+        self._move(ptype, len(pages), self._evictable, None)
+        self._released(ptype, len(pages))
+
+    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._used, self._evictable)
+
+    def mark_used(self, ptype: PageType, pages: Pages) -> None:
+        self._move(ptype, len(pages), self._evictable, self._used)
+
+    def _released(self, ptype: PageType, count: int) -> None:
+        """Hook: `count` pages of `ptype` just left the memory."""
+
+    def _move(
+        self, ptype: PageType, n: int, src: dict[PageType, int], dst: dict[PageType, int] | None
+    ) -> None:
+        if src[ptype] < n:
+            raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
+        src[ptype] -= n
+        if dst is not None:
+            dst[ptype] += n
+
+
+class ByteBudget(CountedMemory):
+    """Byte accounting with a hard budget: one page = one token of KV or one SSM state.
+
+    `capacity_violations` counts moments when held bytes exceeded the budget; the allocator is
+    built so that it stays 0 (tests and the simulator assert it).
+    """
+
+    def __init__(self, capacity_bytes: int, page_sizes: dict[PageType, int]) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity_bytes} bytes")
+        if any(size <= 0 for size in page_sizes.values()):
+            raise ValueError(f"page sizes must be positive: {page_sizes}")
+        super().__init__(capacity_bytes, page_sizes)
+        self._held = 0
+        self.peak_bytes = 0
+        self.capacity_violations = 0
 
     def held_bytes(self) -> int:
         return self._held
@@ -326,29 +362,8 @@ class ByteBudget(CacheMemory):
             self.peak_bytes = max(self.peak_bytes, self._held)
         return [CountPages(1) for _ in range(count)]
 
-    def free(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, None)
-        self._held -= len(pages) * self._sizes[ptype]
-
-    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        """Free pages that are currently evictable (the tree evicting a cached entry)."""
-        self._move(ptype, len(pages), self._evictable, None)
-        self._held -= len(pages) * self._sizes[ptype]
-
-    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, self._evictable)
-
-    def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._evictable, self._used)
-
-    def _move(
-        self, ptype: PageType, n: int, src: dict[PageType, int], dst: dict[PageType, int] | None
-    ) -> None:
-        if src[ptype] < n:
-            raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
-        src[ptype] -= n
-        if dst is not None:
-            dst[ptype] += n
+    def _released(self, ptype: PageType, count: int) -> None:
+        self._held -= count * self._sizes[ptype]
 
     def usage(self, ptype: PageType) -> Usage:
         size = self._sizes[ptype]
