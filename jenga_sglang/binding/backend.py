@@ -235,7 +235,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             return ()
         input_len = len(params.key.token_ids)
         plan = self.cache.plan(
-            TokenSeq.of(params.key.token_ids), found, input_len + _decode_budget(params.req)
+            TokenSeq.of(params.key.token_ids), found, input_len + int(_will_decode(params.req))
         )
         return tuple(sorted(p for p in plan.prefill_at if found.length < p <= input_len))
 
@@ -443,14 +443,15 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.cache.check_integrity()
 
 
-def _decode_budget(req: Any) -> int:
-    """1 when the request will decode, else 0. Its final length is unknown before it finishes,
-    so the plan learns only that decoding follows the prompt (a prompt-end state is then worth
-    keeping); learned branch distances are thus measured from the end of the input."""
+def _will_decode(req: Any) -> bool:
+    """Whether the request decodes after its prefill. Its final length is unknown until it
+    finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
+    (a prompt-end state is then worth keeping), and learned branch distances are measured from
+    the end of the input."""
     if req is None:
-        return 0  # a probe match: nothing will be prefilled
+        return False  # a probe match: nothing will be prefilled
     budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
-    return 1 if budget is None or int(budget) > 0 else 0
+    return budget is None or int(budget) > 0
 
 
 def _at(captured: Captured | None) -> tuple[int, int] | None:
