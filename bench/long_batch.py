@@ -164,7 +164,9 @@ def compare(
     """Every memory on one budget; `ratio` = jenga / split time-weighted decode batch, and
     `of_shared` = jenga / one shared byte budget (1.0: the pool loses nothing to its pages)."""
     runs = {m: run_memory(m, requests, spec, budget, policy, cost, config, check) for m in MEMORIES}
-    ours, split, shared = (runs[m]["decode_batch_time_weighted"] for m in MEMORIES)
+    ours, split, shared = (
+        runs[m]["decode_batch_time_weighted"] for m in ("jenga", "sglang-split", "bytes")
+    )
     ratio = ours / split if split else math.inf
     return {
         "cache_gb": budget / GB,
