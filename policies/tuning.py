@@ -169,6 +169,12 @@ class AlphaTuner(ABC):
         self.log.history.append((self.seen, self.grid[best]))
         self._tuned(cache, True, before)
 
+    def _snapshot(self, cache: PrefixCache) -> bytes:
+        """The window's starting point; empty on a rank that only receives the leader's scores."""
+        if self.background is not None and not self.background.replays_here:
+            return b""
+        return snapshot(cache)
+
     @staticmethod
     def _evicted(cache: PrefixCache) -> bool:
         return cache.tree.evicted_nodes + cache.tree.evicted_states > 0
@@ -198,7 +204,7 @@ class MarconiTuner(AlphaTuner):
         if self._snap is None:
             cache.eviction.alpha = 0.0
             if self._evicted(cache):
-                self._snap = snapshot(cache)
+                self._snap = self._snapshot(cache)
                 self._window_len = self.seen
             return
         self._window.append((inp, out))
@@ -261,7 +267,7 @@ class SlidingTuner(AlphaTuner):
         elif self._wait > 0:
             self._wait -= 1
         elif self._evicted(cache):
-            self._snap = snapshot(cache)
+            self._snap = self._snapshot(cache)
 
     def _finish_window(self, cache: PrefixCache, snap: bytes) -> None:
         recorded, served = self._recorded, self._served

@@ -45,6 +45,7 @@ from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
 from jenga_sglang.binding.slot_memory import SlotMemory
+from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
@@ -96,7 +97,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.cache = PrefixCache(
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )
-        self.tuner = build_tuner(options)
+        self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
             StateHandOver(
                 self.req_to_token_pool, params.enable_mamba_extra_buffer, self._evict_states

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
-from jenga_sglang.policies.background import BackgroundReplay
+from jenga_sglang.policies.background import BackgroundReplay, ShareChannel
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.bundles import jenga_admission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
@@ -33,9 +33,10 @@ def build_eviction(options: JengaOptions) -> EvictionPolicy:
     raise ValueError(f"--jenga-eviction: unknown policy {options.eviction!r}")
 
 
-def build_tuner(options: JengaOptions) -> AlphaTuner | None:
+def build_tuner(options: JengaOptions, channel: ShareChannel | None = None) -> AlphaTuner | None:
     """Online tuning only when alpha is 'auto' and the eviction reads alpha. In a server the
-    replays run in a background process, off the request path (policies/background.py)."""
+    replays run in a background process, off the request path (policies/background.py); with
+    tensor parallelism `channel` gives every rank the leader's outcome (binding/tp_share.py)."""
     if options.alpha is not None or options.eviction == "lru":
         return None
-    return SlidingTuner(background=BackgroundReplay())
+    return SlidingTuner(background=BackgroundReplay(channel=channel))
