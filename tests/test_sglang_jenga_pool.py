@@ -258,3 +258,56 @@ def test_backend_on_the_jenga_pool_evicts_kv_for_a_state(sg: Any) -> None:
     # Every allocated slot is the tree's or a running request's; every freed one is back.
     assert cache.memory.held(cache.kv_type) == shared.allocated(shared.kv_type)
     assert cache.memory.held(cache.state_type) + running == shared.allocated(shared.state_type)
+
+
+def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
+    """AROUND `_init_pools` calls SGLang's own unless --enable-jenga --jenga-pool serves a
+    hybrid Mamba target worker; AFTER `configure` changes only a result holding our allocator."""
+    import msgspec
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
+
+    from jenga_sglang.binding.options import JENGA_ATTR, JengaOptions
+    from jenga_sglang.binding.pool_hook import after_configure, around_init_pools
+
+    calls = []
+
+    def original(configurator: Any, **kwargs: Any) -> str:
+        calls.append(kwargs)
+        return "sglang's pools"
+
+    for options, mambaish in (
+        (JengaOptions(enabled=True, pool=False), object()),
+        (JengaOptions(enabled=True), None),
+        (JengaOptions(), object()),
+    ):
+        args = SimpleNamespace(**{JENGA_ATTR: options})
+        configurator = SimpleNamespace(
+            server_args=args, mambaish_config=mambaish, is_draft_worker=False
+        )
+        got = around_init_pools(
+            original,
+            configurator,
+            sizes=None,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=None,
+        )
+        assert got == "sglang's pools"
+    assert len(calls) == 3
+
+    pools = _pools(sg)
+    fields = dict(
+        max_total_num_tokens=7,
+        max_running_requests=4,
+        full_max_total_num_tokens=None,
+        swa_max_total_num_tokens=None,
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool=pools.token_to_kv_pool,
+        memory_pool_config=None,
+    )
+    ours = KVCacheConfigResult(
+        token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator, **fields
+    )
+    replaced = after_configure(ours, None)
+    assert replaced.max_total_num_tokens == pools.token_to_kv_pool_allocator.size > 7
+    other = msgspec.structs.replace(ours, token_to_kv_pool_allocator=object())
+    assert after_configure(other, None) is None

@@ -14,6 +14,7 @@ pools"):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from jenga_sglang.binding.pool_build import (
 )
 
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+logger = logging.getLogger(__name__)
 
 
 def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
@@ -48,6 +50,18 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
     from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
 
     pools = _build(configurator, kwargs["sizes"])
+    geometry, shared = pools.layout.geometry, pools.shared
+    logger.info(
+        "Jenga pool: %d bytes, %d large pages of %d bytes (KV page %d B x %d, state page %d B x "
+        "%d), state reserve %d, KV tokens %d, states %d",
+        pools.layout.buffer.numel(),
+        shared.pool.num_large,
+        geometry.large_page_bytes,
+        *(x for tg in geometry.types for x in (tg.page_bytes, tg.per_large)),
+        shared.state_reserve,
+        shared.room(shared.kv_type),
+        shared.room(shared.state_type),
+    )
     return _InitializedPools(
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool=pools.token_to_kv_pool,
