@@ -22,6 +22,9 @@ def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--disable-radix-cache", action="store_true")
     parser.add_argument("--radix-cache-backend", default=None)
+    parser.add_argument("--enable-unified-memory", action="store_true")
+    parser.add_argument("--mamba-full-memory-ratio", type=float, default=None)
+    parser.add_argument("--page-size", type=int, default=None)
     add_jenga_args(parser)
     add_jenga_args(parser)  # idempotent
     return parser.parse_args(list(argv))
@@ -51,6 +54,13 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
         (("--enable-jenga", "--radix-cache-backend", "flexkv"), "--radix-cache-backend flexkv"),
         (("--jenga-eviction", "lru"), "--jenga-eviction given without --enable-jenga"),
         (("--no-jenga-prompt-end",), "jenga-prompt-end given without --enable-jenga"),
+        (("--jenga-pool",), "jenga-pool given without --enable-jenga"),
+        (("--enable-jenga", "--enable-unified-memory"), "--jenga-pool .* --enable-unified-memory"),
+        (
+            ("--enable-jenga", "--mamba-full-memory-ratio", "0.5"),
+            "--jenga-pool .* --mamba-full-memory-ratio",
+        ),
+        (("--enable-jenga", "--page-size", "16"), "--jenga-pool .* --page-size 1, got 16"),
     ],
 )
 def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
@@ -60,6 +70,13 @@ def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
 
 def test_explicit_jenga_backend_is_no_conflict() -> None:
     check_conflicts(_parse("--enable-jenga", "--radix-cache-backend", "jenga"))
+
+
+def test_without_the_pool_sglang_memory_flags_are_no_conflict() -> None:
+    ns = _parse("--enable-jenga", "--no-jenga-pool", "--enable-unified-memory", "--page-size", "16")
+    check_conflicts(ns)
+    assert options_from_namespace(ns).pool is False
+    assert options_from_namespace(_parse("--enable-jenga")).pool  # on by default
 
 
 def _model_config(config: dict[str, object]) -> SimpleNamespace:

@@ -27,6 +27,14 @@ _CONFLICTS: tuple[tuple[str, str], ...] = (
     ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker"),
 )
 
+# Flags of SGLang that size or lay out the memory the Jenga pool replaces: (attr, flag, default).
+_POOL_CONFLICTS: tuple[tuple[str, str, object], ...] = (
+    ("enable_unified_memory", "--enable-unified-memory", False),
+    ("mamba_full_memory_ratio", "--mamba-full-memory-ratio", None),
+    ("enable_page_major_kv_layout", "--enable-page-major-kv-layout", False),
+    ("speculative_algorithm", "--speculative-algorithm", None),
+)
+
 
 class JengaFlagError(ValueError):
     """Conflicting or malformed flags; the message names the flags."""
@@ -39,6 +47,7 @@ class JengaOptions:
     `alpha` None means "auto" (online tuning); a float fixes the FLOP weight of eviction.
     `prompt_end` keeps the SSM state at the end of each prompt (speculative admissions): on by
     default in a server, where clients resend a conversation with the reply re-rendered.
+    `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
     """
 
     enabled: bool = False
@@ -46,6 +55,7 @@ class JengaOptions:
     eviction: str = "jenga"
     alpha: float | None = None
     prompt_end: bool = True
+    pool: bool = True
 
 
 def parse_alpha(text: str) -> float | None:
@@ -96,6 +106,14 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         "(default), a float fixes it.",
     )
     group.add_argument(
+        "--jenga-pool",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Hold KV and Mamba states in one Jenga pool (one buffer, pages carved per type on "
+        "demand) instead of SGLang's static split (default: on). Needs --page-size 1; "
+        "conflicts with --enable-unified-memory and --mamba-full-memory-ratio.",
+    )
+    group.add_argument(
         "--jenga-prompt-end",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -116,6 +134,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
                 ("jenga_eviction", "--jenga-eviction"),
                 ("jenga_alpha", "--jenga-alpha"),
                 ("jenga_prompt_end", "--[no-]jenga-prompt-end"),
+                ("jenga_pool", "--[no-]jenga-pool"),
             )
             if getattr(args, attr, None) is not None
         ]
@@ -131,6 +150,16 @@ def check_conflicts(args: argparse.Namespace) -> None:
             f"--enable-jenga conflicts with --radix-cache-backend {backend} "
             f"(it selects --radix-cache-backend {BACKEND_NAME})"
         )
+    if getattr(args, "jenga_pool", None) is False:
+        return
+    for attr, flag, default in _POOL_CONFLICTS:
+        if getattr(args, attr, default) not in (default, None):
+            raise JengaFlagError(f"--jenga-pool (on with --enable-jenga) conflicts with {flag}")
+    page_size = getattr(args, "page_size", None)
+    if page_size not in (None, 1):
+        raise JengaFlagError(
+            f"--jenga-pool (on with --enable-jenga) needs --page-size 1, got {page_size}"
+        )
 
 
 def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
@@ -143,4 +172,5 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
         eviction=getattr(args, "jenga_eviction", None) or "jenga",
         alpha=alpha if isinstance(alpha, float) else None,
         prompt_end=True if prompt_end is None else bool(prompt_end),
+        pool=getattr(args, "jenga_pool", None) is not False,
     )

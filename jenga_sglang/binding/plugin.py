@@ -10,6 +10,9 @@ scheduler process. It registers, through SGLang's own HookRegistry:
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
 * AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: a prefill chunk of a request served
   by our cache ends exactly at its planned branch point (binding/prefill_cut.py);
+* AROUND `KVCacheConfigurator._init_pools`, AFTER `KVCacheConfigurator.configure`: with
+  `--jenga-pool` (default on) SGLang's KV and Mamba pools are views of one Jenga pool and its
+  allocators draw from it (binding/pool_hook.py);
 
 and the radix-cache backend `jenga` (registered before parsing, so the flag accepts the name).
 
@@ -63,7 +66,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang.binding import prefill_cut
+    from jenga_sglang.binding import pool_hook, prefill_cut
     from jenga_sglang.binding.factory import build_tree_cache
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
@@ -80,3 +83,8 @@ def register() -> None:
     HookRegistry.register(
         f"{adder}.add_chunked_req", prefill_cut.around_add_chunked_req, HookType.AROUND
     )
+    configurator = pool_hook.CONFIGURATOR
+    HookRegistry.register(
+        f"{configurator}._init_pools", pool_hook.around_init_pools, HookType.AROUND
+    )
+    HookRegistry.register(f"{configurator}.configure", pool_hook.after_configure, HookType.AFTER)

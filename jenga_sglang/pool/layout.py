@@ -13,6 +13,12 @@ Inside a page (page-major: page first, then layers):
   on an `alignment` boundary (conv and temporal have different dtypes). Per layer:
   [num_pages, *conv_shape] and [num_pages, *temporal_shape]; stacked: [layers, num_pages, ...].
 
+Sink row (`sink=True`, for SGLang's pools, binding/sglang_pool.py). SGLang reserves slot 0 of
+its KV and Mamba pools as the write target of padded tokens. The buffer then starts with a sink
+of `sink_bytes` = max page size rounded up to `alignment`, and every view gets one more row in
+front: row 0 ends where large page 0 starts (inside the sink) and row i >= 1 is pool page i - 1.
+The sink rows of different types overlap each other (garbage by contract), never a page.
+
 SGLang 0.5.23 compatibility. The page_major.py view builders named in DESIGN are not in the
 installed 0.5.23 wheel; its byte-buffer builders live in mem_cache/layout/token_major.py and
 paged_view.py. Ours match their shapes where that is meaningful:
@@ -30,11 +36,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
-from jenga_sglang.pool.sizing import PoolGeometry, state_layout
+from jenga_sglang.pool.sizing import PoolGeometry, round_up, state_layout
 from jenga_sglang.radix.memory import PageKind, PageType
 
 
@@ -88,33 +95,61 @@ class PoolLayout:
     buffer: torch.Tensor
     kv: dict[PageType, tuple[KVLayerViews, ...]]
     state: dict[PageType, StateViews]
+    sink_bytes: int = 0  # bytes before large page 0; > 0 iff views have a sink row 0
+
+    @property
+    def first_row(self) -> int:
+        """View row of pool page 0 (1 with a sink row, else 0)."""
+        return 1 if self.sink_bytes else 0
 
     def page_bytes(self, ptype: PageType, page: int) -> torch.Tensor:
         """The raw bytes of one small page (a uint8 view)."""
         stride = self.geometry.of(ptype).page_bytes
-        return self.buffer[page * stride : (page + 1) * stride]
+        start = self.sink_bytes + page * stride
+        return self.buffer[start : start + stride]
+
+
+class _Rows(NamedTuple):
+    """The rows of one type's views: how many, their stride and the byte where row 0 starts."""
+
+    num: int
+    stride: int
+    origin: int = 0
+
+
+def sink_size(geometry: PoolGeometry) -> int:
+    """Bytes of the sink in front of large page 0: one row of the largest type, aligned."""
+    return round_up(max(tg.page_bytes for tg in geometry.types), max(geometry.alignment, 1))
 
 
 def build_layout(
-    geometry: PoolGeometry, spec: ModelSpec, num_large: int, *, device: str = "cpu"
+    geometry: PoolGeometry,
+    spec: ModelSpec,
+    num_large: int,
+    *,
+    device: str = "cpu",
+    sink: bool = False,
 ) -> PoolLayout:
-    """Allocate num_large * L bytes on `device` and build every type's views over them."""
+    """Allocate num_large * L bytes (plus the sink) on `device` and build every type's views."""
     if num_large <= 0:
         raise ValueError(f"num_large must be positive, got {num_large}")
-    buffer = torch.zeros(num_large * geometry.large_page_bytes, dtype=torch.uint8, device=device)
+    sink_bytes = sink_size(geometry) if sink else 0
+    size = sink_bytes + num_large * geometry.large_page_bytes
+    buffer = torch.zeros(size, dtype=torch.uint8, device=device)
     kv: dict[PageType, tuple[KVLayerViews, ...]] = {}
     state: dict[PageType, StateViews] = {}
     for ptype in geometry.page_types:
         group = spec.groups[ptype.group]
-        pages = num_large * geometry.of(ptype).per_large
         stride = geometry.of(ptype).page_bytes
+        count = num_large * geometry.of(ptype).per_large + int(sink)
+        rows = _Rows(count, stride, sink_bytes - stride if sink else 0)
         if ptype.kind is PageKind.KV and isinstance(group, AttentionGroup):
-            kv[ptype] = _kv_views(buffer, group, pages, stride, geometry.tokens_per_page)
+            kv[ptype] = _kv_views(buffer, group, rows, geometry.tokens_per_page)
         elif ptype.kind is PageKind.STATE and isinstance(group, MambaGroup):
-            state[ptype] = _state_views(buffer, group, pages, stride, geometry.alignment)
+            state[ptype] = _state_views(buffer, group, rows, geometry.alignment)
         else:
             raise ValueError(f"page type {ptype} does not match group {group.name!r} of the spec")
-    return PoolLayout(geometry, num_large, buffer, kv, state)
+    return PoolLayout(geometry, num_large, buffer, kv, state, sink_bytes)
 
 
 def _typed(buffer: torch.Tensor, dtype: torch.dtype, *byte_counts: int) -> torch.Tensor:
@@ -131,18 +166,18 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _kv_views(
-    buffer: torch.Tensor, group: AttentionGroup, pages: int, stride: int, tpp: int
+    buffer: torch.Tensor, group: AttentionGroup, rows: _Rows, tpp: int
 ) -> tuple[KVLayerViews, ...]:
     dtype = torch_dtype(group.dtype)
     row = (group.num_kv_heads, group.head_dim)
     block = tpp * math.prod(row) * dtype.itemsize  # one layer's K (or V) in one page
-    typed = _typed(buffer, dtype, stride, block)
+    typed = _typed(buffer, dtype, rows.stride, block, rows.origin)
     item = dtype.itemsize
-    shape = (pages, tpp, *row)
-    strides = (stride // item, *_contiguous((tpp, *row)))
+    shape = (rows.num, tpp, *row)
+    strides = (rows.stride // item, *_contiguous((tpp, *row)))
 
     def at(offset: int) -> torch.Tensor:
-        return typed.as_strided(shape, strides, offset // item)
+        return typed.as_strided(shape, strides, (rows.origin + offset) // item)
 
     return tuple(
         KVLayerViews(k=at(2 * layer * block), v=at((2 * layer + 1) * block))
@@ -151,23 +186,23 @@ def _kv_views(
 
 
 def _state_views(
-    buffer: torch.Tensor, group: MambaGroup, pages: int, stride: int, alignment: int
+    buffer: torch.Tensor, group: MambaGroup, rows: _Rows, alignment: int
 ) -> StateViews:
     lay = state_layout(group, alignment)
     conv, conv_stacked = _tensor_views(
         buffer,
         group.conv_dtype,
         group.conv_shape,
-        (pages, stride),
-        (0, lay.conv_stride),
+        (rows.num, rows.stride),
+        (rows.origin, lay.conv_stride),
         group.num_layers,
     )
     temporal, temporal_stacked = _tensor_views(
         buffer,
         group.temporal_dtype,
         group.temporal_shape,
-        (pages, stride),
-        (lay.temporal_offset, lay.temporal_stride),
+        (rows.num, rows.stride),
+        (rows.origin + lay.temporal_offset, lay.temporal_stride),
         group.num_layers,
     )
     return StateViews(conv, temporal, conv_stacked, temporal_stacked)

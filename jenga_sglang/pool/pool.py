@@ -135,6 +135,15 @@ class JengaPool(CacheMemory):
     def wasted_bytes(self) -> int:
         return self.fragmentation_bytes() + self.padding_bytes() + self.remainder_bytes()
 
+    def used_pages(self, ptype: PageType) -> list[int]:
+        """Ids of the used pages of `ptype`, ascending (O(pages): for resets and censuses)."""
+        state = self._state[self._k(ptype)]
+        return [page for page, s in enumerate(state) if s == USED]
+
+    def empty_pages(self, ptype: PageType) -> int:
+        """Empty small pages of `ptype` inside large pages carved as it (no carving needed)."""
+        return self._count[self._k(ptype)][EMPTY]
+
     def snapshot(self) -> tuple[object, ...]:
         """Every page's state, type and owner: equal snapshots mean equal allocator states."""
         states = tuple(bytes(s) for s in self._state)

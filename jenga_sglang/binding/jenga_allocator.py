@@ -1,0 +1,172 @@
+"""SGLang's KV and Mamba slot allocator interfaces over one `SharedJengaPool`.
+
+* `JengaKVAllocator` is a `BaseTokenToKVPoolAllocator` (page size 1): what the scheduler, the
+  prefill budget and our backend call for KV token slots.
+* `JengaMambaAllocator` is a `MambaSlotAllocator`: what `HybridReqToTokenPool` calls for a
+  request's state slot and its tracking slots, and what our backend frees states to.
+
+Sizes follow SGLang's own unified allocators, so the scheduler's idle leak check
+(`available + evictable + protected == size`) keeps proving conservation: KV's `size` is dynamic
+(`available_size() + allocated`), and the Mamba allocator's `size` is the most states the buffer
+could hold with `available_size() = size - allocated` (the planner reads
+`schedulable_available_size()`, the states that can be taken now).
+
+`mamba_full_cache_donor()` returns the KV allocator: our backend then models one shared byte
+budget, as on `--enable-unified-memory` (binding/backend.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
+
+from jenga_sglang.pool.shared import SharedJengaPool
+
+
+def _ids(index: torch.Tensor) -> list[int]:
+    return [int(i) for i in index.reshape(-1).tolist()]
+
+
+class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sglang has no types
+    """KV token slots (engine ids) from the shared Jenga pool."""
+
+    def __init__(
+        self, shared: SharedJengaPool, kvcache: Any, dtype: torch.dtype, device: str
+    ) -> None:
+        super().__init__(shared.max_ids(shared.kv_type), 1, dtype, device, kvcache, False)
+        self.shared = shared
+        self.kv_type = shared.kv_type
+        # No free list of SGLang's kind: the invariant checker's free-page census then skips us.
+        self.free_pages = None
+        self.release_pages = None
+
+    @property
+    def size(self) -> int:
+        # Same view as available_size(), so it cancels out of the scheduler's leak check.
+        return int(self.available_size() + self.shared.allocated(self.kv_type))
+
+    @size.setter
+    def size(self, value: int) -> None:
+        pass  # the base __init__ and resize() write it; it is computed
+
+    def available_size(self) -> int:
+        return self.shared.room(self.kv_type)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        ids = self.shared.alloc(self.kv_type, need_size)
+        if ids is None:
+            return None
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(self._copy_for_free_group(free_index))
+            return
+        self.shared.free(self.kv_type, _ids(free_index))
+
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        self.free(page_ids)  # page size 1: page ids are token ids
+
+    def clear(self) -> None:
+        self.free_group = None
+        self.shared.free_all(self.kv_type)
+
+    def merge_and_sort_free(self) -> None:
+        pass  # nothing is held back: frees reach the pool at once
+
+    def get_all_free_pages(self) -> None:
+        return None
+
+    def get_cpu_copy(
+        self, indices: Any, mamba_indices: Any = None, req_pool_index: Any = None
+    ) -> Any:
+        return self._kvcache.get_cpu_copy(
+            indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
+        )
+
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: Any,
+        indices: Any,
+        mamba_indices: Any = None,
+        req_pool_index: Any = None,
+    ) -> Any:
+        return self._kvcache.load_cpu_copy(
+            kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
+        )
+
+    # ---- the shared-pool capability our backend (and SGLang's unified cache) looks for ----
+
+    def mamba_full_cache_donor(self) -> JengaKVAllocator:
+        return self
+
+    def flush_deferred_full_frees(self) -> None:
+        """Free KV slots held in an open free group now, keeping the group open."""
+        pending = self.free_group
+        if not pending:
+            return
+        self.free_group = None
+        try:
+            self.free(torch.cat(pending))
+        finally:
+            self.free_group = []
+
+    def full_tokens_before_mamba_recheck(self, target_size: int) -> int:
+        return 0  # any freed KV page can complete a free large page
+
+    def prepare_mamba_allocation(self, target_size: int) -> None:
+        self.flush_deferred_full_frees()
+
+    def debug_print(self) -> str:
+        pool = self.shared.pool
+        return (
+            f"#kv-available={self.available_size()}, "
+            f"#state-available={self.shared.room(self.shared.state_type)}, "
+            f"#free-large={pool.free_large_pages}/{pool.num_large}"
+        )
+
+
+class JengaMambaAllocator(MambaSlotAllocator):  # type: ignore[misc]  # sglang has no types
+    """Mamba state slots (engine ids) from the shared Jenga pool."""
+
+    def __init__(self, shared: SharedJengaPool, device: str) -> None:
+        self.shared = shared
+        self.state_type = shared.state_type
+        super().__init__(shared.max_ids(shared.state_type), device)
+
+    def available_size(self) -> int:
+        # Conservation view for SGLang's leak check; the planner reads the next method.
+        return int(self.size - self.shared.allocated(self.state_type))
+
+    def schedulable_available_size(self) -> int:
+        return self.shared.room(self.state_type)
+
+    def _do_alloc(self, need_size: int) -> torch.Tensor | None:
+        ids = self.shared.alloc(self.state_type, need_size)
+        if ids is None:
+            return None
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel():
+            self.shared.free(self.state_type, _ids(free_index))
+
+    def clear(self) -> None:
+        self._alloc_iter = None
+        self.shared.free_all(self.state_type)
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """Ids not allocated (SGLang reads it only for a leak census): O(states)."""
+        taken = set(self.shared.allocated_ids(self.state_type))
+        free = [i for i in range(1, self.size + 1) if i not in taken]
+        return torch.tensor(free, dtype=torch.int64, device=self.device)
+
+    @free_slots.setter
+    def free_slots(self, value: torch.Tensor) -> None:
+        pass  # the base clear() would install a free list; the pool is the free list

@@ -1,0 +1,153 @@
+"""Build the Jenga pool and SGLang's pool objects over it, from what SGLang resolved.
+
+The page sizes come from SGLang's own tensors (KV heads, head dim and dtype of the full-attention
+pool; conv / temporal shapes and dtypes of `Mamba2CacheParams`), not from our model spec, so the
+views have exactly the shapes SGLang's kernels index. The byte budget is what the static split
+would have allocated for the same model and memory (`static_split_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jenga_sglang.binding.jenga_allocator import JengaKVAllocator, JengaMambaAllocator
+from jenga_sglang.binding.sglang_pool import (
+    JengaHybridReqToTokenPool,
+    JengaMambaPool,
+    JengaMHATokenToKVPool,
+)
+from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
+from jenga_sglang.pool.layout import PoolLayout, build_layout, sink_size
+from jenga_sglang.pool.pool import JengaPool
+from jenga_sglang.pool.shared import SharedJengaPool
+from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
+from jenga_sglang.radix.memory import PageKind, PageType
+
+KV_TYPE = PageType(PageKind.KV, 0)
+STATE_TYPE = PageType(PageKind.STATE, 1)
+
+
+class PoolBuildError(NotImplementedError):
+    """The model or configuration has storage the Jenga pool cannot hold (named in the text)."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """SGLang's full-attention KV pool: heads, head dim and dtype of its layers."""
+
+    layer_ids: tuple[int, ...]
+    head_num: int
+    head_dim: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class JengaPools:
+    """Everything `_init_pools` returns, plus our pool and layout for inspection."""
+
+    req_to_token_pool: JengaHybridReqToTokenPool
+    token_to_kv_pool: Any  # SGLang's HybridLinearKVPool around our KV pool
+    token_to_kv_pool_allocator: JengaKVAllocator
+    shared: SharedJengaPool
+    layout: PoolLayout
+
+
+def _dtype(torch_dtype: torch.dtype) -> DType:
+    name = str(torch_dtype).removeprefix("torch.")
+    for candidate in DType:
+        if candidate.torch_name == name:
+            return candidate
+    raise PoolBuildError(f"the Jenga pool holds no {torch_dtype} tensors (FP8 KV is stored raw)")
+
+
+def storage_spec(kv: KVShape, cache_params: Any) -> ModelSpec:
+    """A spec of what the pool stores: group 0 the KV layers, group 1 the Mamba states."""
+    convs = list(cache_params.shape.conv)
+    if len(convs) != 1:
+        raise PoolBuildError(f"the Jenga pool holds one conv state per layer, got {convs}")
+    attention = AttentionGroup(
+        "kv", len(kv.layer_ids), kv.head_num, kv.head_dim, _dtype(kv.dtype), 1.0, 1.0
+    )
+    mamba = MambaGroup(
+        "mamba",
+        len(cache_params.layers),
+        tuple(convs[0]),
+        _dtype(cache_params.dtype.conv),
+        tuple(cache_params.shape.temporal),
+        _dtype(cache_params.dtype.temporal),
+        1.0,
+    )
+    return ModelSpec("jenga-pool-storage", (attention, mamba), hidden_size=1)
+
+
+def static_split_bytes(spec: ModelSpec, kv_tokens: int, mamba_states: int) -> int:
+    """Bytes of SGLang's static split: KV rows (tokens + sink) and state rows (states + sink)."""
+    return (kv_tokens + 1) * spec.kv_bytes_per_token + (mamba_states + 1) * spec.state_bytes
+
+
+def large_pages_for(geometry: PoolGeometry, budget_bytes: int) -> int:
+    """Large pages that fit in `budget_bytes` after the sink."""
+    num_large = (budget_bytes - sink_size(geometry)) // geometry.large_page_bytes
+    if num_large < 2:
+        raise PoolBuildError(
+            f"a budget of {budget_bytes} bytes holds {num_large} large pages of "
+            f"{geometry.large_page_bytes} bytes; the Jenga pool needs at least 2"
+        )
+    return int(num_large)
+
+
+def build_jenga_pools(
+    *,
+    kv: KVShape,
+    cache_params: Any,
+    mamba_layer_ids: Sequence[int],
+    budget_bytes: int,
+    state_reserve: int,
+    device: str,
+    req_pool_kwargs: dict[str, Any],
+) -> JengaPools:
+    """One buffer of `budget_bytes`, SGLang's pool objects over its views, our allocators."""
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+
+    spec = storage_spec(kv, cache_params)
+    geometry = geometry_for_spec(spec)
+    num_large = large_pages_for(geometry, budget_bytes)
+    layout = build_layout(geometry, spec, num_large, device=device, sink=True)
+    pool = JengaPool(geometry, num_large * geometry.large_page_bytes)
+    shared = SharedJengaPool(pool, KV_TYPE, STATE_TYPE, state_reserve)
+    layers = layout.kv[KV_TYPE]
+    kv_pool = JengaMHATokenToKVPool(
+        k_views=[views.k_slots for views in layers],
+        v_views=[views.v_slots for views in layers],
+        dtype=kv.dtype,
+        device=device,
+    )
+    mamba_pool = JengaMambaPool(
+        views=layout.state[STATE_TYPE], mamba_layer_ids=mamba_layer_ids, device=device
+    )
+    req_pool = JengaHybridReqToTokenPool(
+        mamba_pool=mamba_pool,
+        mamba_allocator=JengaMambaAllocator(shared, device),
+        cache_params=cache_params,
+        mamba_layer_ids=list(mamba_layer_ids),
+        device=device,
+        enable_memory_saver=False,
+        **req_pool_kwargs,
+    )
+    hybrid = HybridLinearKVPool(
+        size=kv_pool.size,
+        dtype=kv.dtype,
+        page_size=1,
+        head_num=kv.head_num,
+        head_dim=kv.head_dim,
+        full_attention_layer_ids=list(kv.layer_ids),
+        device=device,
+        mamba_pool=mamba_pool,
+        full_kv_pool=kv_pool,
+    )
+    allocator = JengaKVAllocator(shared, hybrid, kv.dtype, device)
+    return JengaPools(req_pool, hybrid, allocator, shared, layout)

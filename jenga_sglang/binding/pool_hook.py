@@ -1,0 +1,149 @@
+"""Hooks on SGLang's KV cache configurator that put the Jenga pool behind its pools.
+
+SGLang 0.5.23 has no registry for memory pools; `KVCacheConfigurator._init_pools` is the one
+method that builds the request pool, the KV pool and the KV allocator from the sizes SGLang
+resolved. The plugin registers (HookRegistry, docs/sglang.md "The Jenga pool behind SGLang's
+pools"):
+
+* AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model and the target
+  worker, build ours (binding/pool_build.py) over the static split's byte budget and return
+  SGLang's own `_InitializedPools` record; anything else goes to the original;
+* AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
+  scheduler clips requests by it; SGLang computed the static split's KV share).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
+from jenga_sglang.binding.pool_build import (
+    KVShape,
+    PoolBuildError,
+    build_jenga_pools,
+    static_split_bytes,
+    storage_spec,
+)
+
+CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+logger = logging.getLogger(__name__)
+
+
+def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
+    from jenga_sglang.binding.plugin import options_of
+
+    options = options_of(configurator.server_args)
+    return (
+        options.enabled
+        and options.pool
+        and configurator.mambaish_config is not None
+        and not configurator.is_draft_worker
+        and req_to_token_pool is None
+    )
+
+
+def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs: Any) -> Any:
+    if not _wanted(configurator, kwargs.get("req_to_token_pool")):
+        return original(configurator, **kwargs)
+    from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
+
+    pools = _build(configurator, kwargs["sizes"])
+    geometry, shared = pools.layout.geometry, pools.shared
+    logger.info(
+        "Jenga pool: %d bytes, %d large pages of %d bytes (KV page %d B x %d, state page %d B x "
+        "%d), state reserve %d, KV tokens %d, states %d",
+        pools.layout.buffer.numel(),
+        shared.pool.num_large,
+        geometry.large_page_bytes,
+        *(x for tg in geometry.types for x in (tg.page_bytes, tg.per_large)),
+        shared.state_reserve,
+        shared.room(shared.kv_type),
+        shared.room(shared.state_type),
+    )
+    return _InitializedPools(
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool=pools.token_to_kv_pool,
+        token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
+    )
+
+
+def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
+    allocator = result.token_to_kv_pool_allocator
+    if not isinstance(allocator, JengaKVAllocator):
+        return None  # keep SGLang's result
+    import msgspec
+
+    return msgspec.structs.replace(result, max_total_num_tokens=int(allocator.size))
+
+
+def _check_supported(configurator: Any) -> None:
+    from sglang.srt.runtime_context import get_exec, get_schedule, get_spec
+
+    problems = []
+    if configurator.is_hybrid_swa or configurator.use_mla_backend:
+        problems.append("sliding-window or MLA attention")
+    if get_schedule().page_size != 1:
+        problems.append(f"--page-size {get_schedule().page_size} (the pool needs 1)")
+    if get_spec().speculative_algorithm is not None:
+        problems.append("speculative decoding")
+    mamba = get_exec().mamba
+    if mamba.enable_linear_replayssm or mamba.enable_linear_replayssm_spec:
+        problems.append("--enable-linear-replayssm")
+    if configurator.model_config.v_head_dim != configurator.model_config.head_dim:
+        problems.append("K and V of different head dims")
+    if problems:
+        raise PoolBuildError(f"--jenga-pool does not support {', '.join(problems)} yet")
+
+
+def _build(configurator: Any, sizes: Any) -> Any:
+    from sglang.srt.mem_cache.allocation_sizing import (
+        get_mamba_tracking_slots,
+        get_req_to_token_extra_context_len,
+    )
+    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
+
+    _check_supported(configurator)
+    layer = configurator.layer_info
+    config = configurator.mambaish_config
+    parallel, schedule, mamba = get_parallel(), get_schedule(), get_exec().mamba
+    kv = KVShape(
+        layer_ids=tuple(
+            i for i in config.full_attention_layer_ids if layer.start_layer <= i < layer.end_layer
+        ),
+        head_num=configurator.model_config.get_num_kv_heads(
+            parallel.attn_tp_size, parallel.attn_dcp_size
+        ),
+        head_dim=configurator.model_config.head_dim,
+        dtype=configurator.kv_cache_dtype,
+    )
+    cache_params = config.mamba2_cache_params
+    spec = storage_spec(kv, cache_params)
+    overlap = not schedule.disable_overlap_schedule
+    tracking = get_mamba_tracking_slots(
+        extra_buffer=mamba.enable_mamba_extra_buffer,
+        overlap=overlap,
+        lazy=mamba.enable_mamba_extra_buffer_lazy,
+    )
+    running = sizes.max_running_requests
+    return build_jenga_pools(
+        kv=kv,
+        cache_params=cache_params,
+        mamba_layer_ids=configurator._get_mamba_layer_ids_for_req_pool(),
+        budget_bytes=static_split_bytes(
+            spec, sizes.max_total_num_tokens, schedule.max_mamba_cache_size
+        ),
+        state_reserve=running * (1 + tracking),
+        device=configurator.device,
+        req_pool_kwargs={
+            "size": running,
+            "mamba_spec_state_size": running,
+            "max_context_len": configurator.model_config.context_len
+            + get_req_to_token_extra_context_len(),
+            "enable_mamba_extra_buffer": mamba.enable_mamba_extra_buffer,
+            "enable_mamba_extra_buffer_lazy": mamba.enable_mamba_extra_buffer_lazy,
+            "enable_overlap_schedule": overlap,
+            "start_layer": layer.start_layer,
+        },
+    )

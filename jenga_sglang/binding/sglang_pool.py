@@ -1,0 +1,137 @@
+"""SGLang's KV pool, Mamba pool and request pool whose storage is views of one PoolLayout.
+
+* `JengaMHATokenToKVPool(MHATokenToKVPool)`: `_create_buffers` installs the layout's per-layer K
+  and V views ([rows, kv_heads, head_dim], row stride = one KV page of every layer) instead of
+  allocating, so SGLang's own set_kv_buffer / get_key_buffer / get_value_buffer address our
+  buffer. Row 0 is the sink row (layout.py), SGLang's padded-token slot.
+* `JengaMambaPool(MambaPool)`: `mamba_cache.conv[0]` / `.temporal` are the layout's stacked
+  [layers, rows, ...] state views; SGLang's clear_slots / copy_from / mamba2_layer_cache run on
+  them unchanged. It does not call `MambaPool.__init__` (which allocates): it sets the
+  attributes that the inherited methods read, the disabled-feature ones included.
+* `JengaHybridReqToTokenPool(HybridReqToTokenPool)`: request rows are SGLang's; its Mamba pool and
+  Mamba slot allocator (binding/jenga_allocator.py) are ours.
+
+Speculative decoding's per-draft buffers, ReplaySSM rings and Qwen4-Exp side states are not
+supported: the hook (binding/pool_hook.py) refuses those configurations at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.memory_pool import (
+    HybridReqToTokenPool,
+    MambaPool,
+    MHATokenToKVPool,
+)
+from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+from jenga_sglang.binding.jenga_allocator import JengaMambaAllocator
+from jenga_sglang.pool.layout import StateViews
+
+
+class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang has no types
+    """Full-attention KV pool over per-layer views of the Jenga buffer (page size 1)."""
+
+    def __init__(
+        self,
+        *,
+        k_views: Sequence[torch.Tensor],
+        v_views: Sequence[torch.Tensor],
+        dtype: torch.dtype,
+        device: str,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+    ) -> None:
+        rows, heads, head_dim = k_views[0].shape
+        self._k_views, self._v_views = list(k_views), list(v_views)
+        super().__init__(
+            size=rows - 1,  # row 0 is the sink
+            page_size=1,
+            dtype=dtype,
+            head_num=heads,
+            head_dim=head_dim,
+            layer_num=len(self._k_views),
+            device=device,
+            enable_memory_saver=False,
+            start_layer=start_layer,
+            end_layer=end_layer,
+            enable_alt_stream=False,
+            enable_kv_cache_copy=False,  # the tiled copy assumes contiguous rows
+            kv_cache_layout="page_major",
+        )
+
+    def _create_buffers(self) -> None:
+        self.k_buffer = self._k_views
+        self.v_buffer = self._v_views
+        self._init_data_ptrs_and_strides()
+
+    def _clear_buffers(self) -> None:
+        pass  # the views belong to the PoolLayout
+
+    def _kv_tokens_per_row(self) -> int:
+        return 1
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Bytes of K and V the views address (not the strided span they cover)."""
+        k = sum(v.numel() * v.element_size() for v in self._k_views)
+        return k, sum(v.numel() * v.element_size() for v in self._v_views)
+
+
+class JengaMambaPool(MambaPool):  # type: ignore[misc]  # sglang has no types
+    """Mamba state pool over the stacked conv / temporal views of the Jenga buffer."""
+
+    def __init__(self, *, views: StateViews, mamba_layer_ids: Sequence[int], device: str) -> None:
+        layers, rows = views.temporal_stacked.shape[:2]
+        if layers != len(mamba_layer_ids):
+            raise ValueError(f"{layers} Mamba layers in the views, {len(mamba_layer_ids)} ids")
+        self.mamba_layer_ids = list(mamba_layer_ids)
+        self.size = rows - 1  # row 0 is the sink
+        self.device = device
+        self.num_mamba_layers = layers
+        self.memory_saver_adapter = TorchMemorySaverAdapter.create(enable=False)
+        self.enable_custom_mem_pool, self.custom_mem_pool = False, None
+        # Features whose buffers MambaPool.__init__ would allocate: off (checked by the hook).
+        self.enable_linear_replayssm = self.enable_linear_replayssm_spec = False
+        self.linear_replayssm_cache_len = 16
+        self.replayssm_spec_fold = self.replayssm_is_kda = False
+        self.replayssm_write_pos = self.replayssm_spec_write_pos = None
+        self.replayssm_cache_base = self.replayssm_is_flush = None
+        self.debug_memory_pool = False
+        self.conv_shard_groups = None
+        self.conv_slice_axis = 0
+        self.mamba_cache = self.State(conv=[views.conv_stacked], temporal=views.temporal_stacked)
+        self.mem_usage = self.mamba_cache.mem_usage_bytes() / (1 << 30)
+
+
+class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
+    """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
+
+    def __init__(
+        self, *, mamba_pool: JengaMambaPool, mamba_allocator: JengaMambaAllocator, **kwargs: Any
+    ) -> None:
+        self._jenga_mamba = (mamba_pool, mamba_allocator)
+        super().__init__(mamba_size=mamba_pool.size, **kwargs)
+
+    def _init_mamba_pool(self, **kwargs: Any) -> None:
+        from sglang.srt.mem_cache.ple_state_pool import NGramPool, ShortConvPool
+
+        self.mamba_pool, self.mamba_allocator = self._jenga_mamba
+        layer_ids = kwargs["mamba_layer_ids"]
+        self.mamba_map = {layer_id: i for i, layer_id in enumerate(layer_ids)}
+        # Side states of Qwen4-Exp only; empty (disabled) as on SGLang's unified pool.
+        device = kwargs["device"]
+        self.short_conv_pool = ShortConvPool(
+            size=0, state_shape=None, layer_ids=[], dtype=torch.bfloat16, device=device
+        )
+        self.ngram_pool = NGramPool(size=0, context_len=0, eos_token_id=0, device=device)
+        self.mamba_ckpt_pool = None
+        self.device = device
+        rows = self.req_to_token.shape[0]
+        self.req_index_to_mamba_index_mapping = torch.zeros(rows, dtype=torch.int32, device=device)
+        if kwargs["enable_mamba_extra_buffer"]:
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
+                (rows, self.mamba_ping_pong_track_buffer_size), dtype=torch.int64, device=device
+            )

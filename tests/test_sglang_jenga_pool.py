@@ -1,0 +1,313 @@
+"""The Jenga pool behind SGLang 0.5.23's own pool objects, on device="cpu".
+
+KV goes through SGLang's HybridLinearKVPool (set_kv_buffer / get_key_buffer / get_value_buffer)
+and states through its Mamba pool API (mamba2_layer_cache, clear_slots, copy_from); both must be
+the bytes of our one buffer, read back through our layout views, and the other way round. The
+allocators are checked against SGLang's allocator contracts and our pool's conservation law.
+
+From sglang/test/unified_allocator_fixtures.py we use `setup_allocator_context` (SGLang's CPU
+context for allocator tests) and `build_tri_pool`'s Mamba shape (conv (3, 8) bf16, temporal
+(1, 4, 8) fp32). Its other helpers do not apply: `build_swa_pool` / `build_swa_cache` /
+`build_tri_cache` build sliding-window composites and `UnifiedRadixCache` trees (the Jenga pool
+serves full attention + Mamba with our own tree), and `FakeKVCache` records the physical page
+moves of compaction, which the Jenga pool never does.
+"""
+
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+ATTN = (0, 2)  # full-attention layer ids
+MAMBA = (1, 3)  # Mamba layer ids
+
+
+@pytest.fixture(scope="module")
+def sg() -> Any:
+    import torch
+    from sglang.srt.mem_cache import base_prefix_cache as bpc
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.test.unified_allocator_fixtures import setup_allocator_context
+
+    setup_allocator_context()
+    return SimpleNamespace(torch=torch, bpc=bpc, RadixKey=RadixKey)
+
+
+def _cache_params(sg: Any) -> Any:
+    return SimpleNamespace(
+        shape=SimpleNamespace(conv=[(3, 8)], temporal=(1, 4, 8)),
+        dtype=SimpleNamespace(conv=sg.torch.bfloat16, temporal=sg.torch.float32),
+        layers=list(MAMBA),
+    )
+
+
+def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2) -> Any:
+    from jenga_sglang.binding.pool_build import (
+        KVShape,
+        build_jenga_pools,
+        static_split_bytes,
+        storage_spec,
+    )
+
+    kv = KVShape(ATTN, head_num=2, head_dim=8, dtype=sg.torch.bfloat16)
+    params = _cache_params(sg)
+    budget = static_split_bytes(storage_spec(kv, params), kv_tokens, states)
+    return build_jenga_pools(
+        kv=kv,
+        cache_params=params,
+        mamba_layer_ids=MAMBA,
+        budget_bytes=budget,
+        state_reserve=reserve,
+        device="cpu",
+        req_pool_kwargs={
+            "size": 4,
+            "mamba_spec_state_size": 4,
+            "max_context_len": 128,
+            "enable_mamba_extra_buffer": False,
+        },
+    )
+
+
+def _inside(layout: Any, tensor: Any) -> bool:
+    start = layout.buffer.data_ptr()
+    return start <= tensor.data_ptr() < start + layout.buffer.numel()
+
+
+def _layer(layer_id: int) -> Any:
+    return SimpleNamespace(layer_id=layer_id)
+
+
+def test_kv_written_through_sglang_is_read_through_our_views(sg: Any) -> None:
+    from jenga_sglang.binding.pool_build import KV_TYPE
+
+    pools = _pools(sg)
+    torch, layout = sg.torch, pools.layout
+    kv_pool, allocator = pools.token_to_kv_pool, pools.token_to_kv_pool_allocator
+    loc = allocator.alloc(5)
+    k = torch.randn(5, 2, 8).bfloat16()
+    v = torch.randn(5, 2, 8).bfloat16()
+    kv_pool.set_kv_buffer(_layer(2), loc, k, v)  # SGLang's write path, global layer id 2
+    assert torch.equal(kv_pool.get_key_buffer(2)[loc], k)
+    assert torch.equal(kv_pool.get_value_buffer(2)[loc], v)
+    ours = layout.kv[KV_TYPE][1]  # the second attention layer of our layout
+    assert torch.equal(ours.k_slots[loc], k) and torch.equal(ours.v_slots[loc], v)
+    # Page-major bytes: engine id i is pool page i - 1, [K_0 | V_0 | K_1 | V_1] of that token.
+    raw = layout.page_bytes(KV_TYPE, int(loc[0]) - 1)
+    assert torch.equal(raw[2 * 32 : 3 * 32].view(torch.bfloat16).view(2, 8), k[0])
+    for buf in (kv_pool.get_key_buffer(0), kv_pool.get_value_buffer(2)):
+        assert _inside(layout, buf) and buf.stride(0) * 2 == layout.geometry.of(KV_TYPE).page_bytes
+    # And back: a write into our view is what SGLang reads.
+    ours_first = layout.kv[KV_TYPE][0]
+    ours_first.k_slots[loc] = k * 2
+    assert torch.equal(kv_pool.get_key_buffer(0)[loc], k * 2)
+
+
+def test_mamba_state_through_sglang_pool_is_our_bytes(sg: Any) -> None:
+    from jenga_sglang.binding.pool_build import STATE_TYPE
+
+    pools = _pools(sg)
+    torch, layout = sg.torch, pools.layout
+    req_pool = pools.req_to_token_pool
+    a, b = (int(s) for s in req_pool.mamba_allocator.alloc(2))
+    cache = req_pool.mamba2_layer_cache(MAMBA[1])  # SGLang's per-layer state view
+    cache.temporal[a] = torch.arange(32, dtype=torch.float32).view(1, 4, 8)
+    cache.conv[0][a] = torch.ones(3, 8, dtype=torch.bfloat16)
+    ours = layout.state[STATE_TYPE]
+    assert torch.equal(ours.temporal[1][a], cache.temporal[a])
+    assert torch.equal(ours.conv[1][a], cache.conv[0][a])
+    assert _inside(layout, cache.temporal) and _inside(layout, cache.conv[0])
+    req_pool.copy_mamba_state(torch.tensor([a]), torch.tensor([b]))  # SGLang's COW copy
+    assert torch.equal(ours.temporal_stacked[:, b], ours.temporal_stacked[:, a])
+    ours.conv_stacked[0, b] = 5  # our write, SGLang's read
+    assert bool((req_pool.mamba2_layer_cache(MAMBA[0]).conv[0][b] == 5).all())
+    req_pool.mamba_pool.clear_slots(torch.tensor([a]))
+    assert not ours.temporal_stacked[:, a].any() and ours.temporal_stacked[:, b].any()
+
+
+def test_a_large_page_used_as_kv_is_reused_for_states_without_moving(sg: Any) -> None:
+    from jenga_sglang.binding.pool_build import KV_TYPE, STATE_TYPE
+
+    pools = _pools(sg, reserve=0)
+    torch, layout, shared = sg.torch, pools.layout, pools.shared
+    per_kv = layout.geometry.of(KV_TYPE).per_large
+    allocator = pools.token_to_kv_pool_allocator
+    loc = allocator.alloc(per_kv)  # exactly large page 0, carved as KV
+    assert loc.tolist() == list(range(1, per_kv + 1))
+    k = torch.full((per_kv, 2, 8), 3.0, dtype=torch.bfloat16)
+    pools.token_to_kv_pool.set_kv_buffer(_layer(0), loc, k, k)
+    allocator.free(loc)  # the last page of large page 0: it returns to the free list
+    assert shared.pool.free_large_pages == shared.pool.num_large
+    slot = pools.req_to_token_pool.mamba_allocator.alloc(1)
+    page = int(slot[0]) - 1
+    large = layout.geometry.large_page_bytes
+    state_start = layout.sink_bytes + page * layout.geometry.of(STATE_TYPE).page_bytes
+    assert state_start // large * large == layout.sink_bytes  # the same large page 0 ...
+    raw = layout.page_bytes(STATE_TYPE, page)
+    assert bool((raw.view(torch.bfloat16)[:16] == 3.0).all())  # ... KV's bytes still there
+    pools.req_to_token_pool.mamba_pool.clear_slots(slot)  # SGLang clears a fresh state slot
+    views = layout.state[STATE_TYPE]
+    assert not views.conv_stacked[:, int(slot[0])].any()
+    assert not views.temporal_stacked[:, int(slot[0])].any()  # (alignment padding is never read)
+    shared.check_integrity()
+
+
+def test_allocator_contract_and_conservation(sg: Any) -> None:
+    from jenga_sglang.binding.pool_build import KV_TYPE, STATE_TYPE
+
+    pools = _pools(sg, reserve=2)
+    shared = pools.shared
+    kv, mamba = pools.token_to_kv_pool_allocator, pools.req_to_token_pool.mamba_allocator
+    geo = pools.layout.geometry
+    per_kv, per_state = geo.of(KV_TYPE).per_large, geo.of(STATE_TYPE).per_large
+    num_large = shared.pool.num_large
+    reserve_large = -(-2 // per_state)
+    assert kv.available_size() == (num_large - reserve_large) * per_kv == kv.size
+    assert mamba.schedulable_available_size() == num_large * per_state
+    assert mamba.size == num_large * per_state == mamba.available_size()
+    got = kv.alloc(kv.available_size())
+    assert got is not None and kv.alloc(1) is None  # the state reserve is not KV's
+    assert kv.size == len(got) and kv.available_size() == 0
+    kv.free_group_begin()  # SGLang's deferred frees: nothing reaches the pool until the end
+    kv.free(got[:per_kv])  # large page 0, whole
+    assert kv.available_size() == 0
+    kv.flush_deferred_full_frees()  # what our backend calls before counting room
+    assert kv.available_size() == per_kv and kv.free_group == []
+    kv.free(got[per_kv:])
+    kv.free_group_end()
+    assert kv.available_size() == kv.size and shared.allocated(KV_TYPE) == 0
+    states = mamba.alloc(2)  # states may use the reserve ...
+    assert states is not None and mamba.available_size() == mamba.size - 2
+    assert mamba.alloc(mamba.schedulable_available_size() + 1) is None  # nothing taken
+    # ... and the reserve stays whole while requests hold states (it is not netted against
+    # allocated states: a state may belong to the tree and be locked).
+    assert kv.available_size() == (num_large - reserve_large - -(-2 // per_state)) * per_kv
+    shared.check_integrity()
+    with pytest.raises(ValueError):
+        kv.free(got[:1])  # double free
+    mamba.alloc_group_begin(3)  # match_prefix's batched alloc: unused slots come back
+    one = mamba.alloc(1)
+    mamba.alloc_group_end()
+    assert shared.allocated(STATE_TYPE) == 3 and one is not None
+    mamba.clear()  # flush: every state goes, KV is untouched
+    assert shared.allocated(STATE_TYPE) == 0
+    shared.check_integrity()
+    assert kv.mamba_full_cache_donor() is kv
+    assert kv.alloc(1) is not None and shared.allocated(KV_TYPE) == 1
+
+
+def _backend(sg: Any, pools: Any) -> Any:
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.binding.pool_build import storage_spec
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
+        page_size=1,
+    )
+    from jenga_sglang.binding.pool_build import KVShape
+
+    spec = storage_spec(KVShape(ATTN, 2, 8, sg.torch.bfloat16), _cache_params(sg))
+    return JengaRadixCache(params, spec, JengaOptions(enabled=True, eviction="lru"))
+
+
+def _insert(sg: Any, cache: Any, pools: Any, tokens: list[int]) -> Any:
+    slots = pools.token_to_kv_pool_allocator.alloc(len(tokens))
+    state = pools.req_to_token_pool.mamba_allocator.alloc(1)
+    key = sg.RadixKey(array("q", tokens))
+    result = cache.insert(sg.bpc.InsertParams(key=key, value=slots, mamba_value=state))
+    assert result.prefix_len == 0 and not result.mamba_exist
+    return slots, state
+
+
+def test_backend_on_the_jenga_pool_evicts_kv_for_a_state(sg: Any) -> None:
+    """Our cache over the Jenga pool: entries fill the pool; a new state then evicts an entry
+    (KV and state), and every slot id comes back to the one pool (conservation)."""
+    pools = _pools(sg, kv_tokens=256, states=6, reserve=1)
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    entries = []
+    while kv.available_size() >= 40 and shared.room(shared.state_type) >= 2:
+        base = 1000 * len(entries)
+        tokens = list(range(base, base + 40))
+        entries.append((tokens, *_insert(sg, cache, pools, tokens)))
+    assert len(entries) >= 2
+    key = sg.RadixKey(array("q", entries[0][0]))
+    hit = cache.match_prefix(sg.bpc.MatchPrefixParams(key=key))
+    assert hit.device_prefix_len == 40  # a hit ends at the entry's state
+    running = 0  # states of running requests, outside the tree
+    while shared.room(shared.state_type) > 0:
+        assert pools.req_to_token_pool.mamba_allocator.alloc(1) is not None
+        running += 1
+    before = len(cache.memory._evictable[cache.state_type])
+    cache.evict_for_alloc(sg.bpc.EvictParams(num_tokens=0, mamba_num=1))
+    assert shared.room(shared.state_type) >= 1
+    assert len(cache.memory._evictable[cache.state_type]) < before
+    shared.check_integrity()
+    cache.memory.check_integrity()
+    # Every allocated slot is the tree's or a running request's; every freed one is back.
+    assert cache.memory.held(cache.kv_type) == shared.allocated(shared.kv_type)
+    assert cache.memory.held(cache.state_type) + running == shared.allocated(shared.state_type)
+
+
+def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
+    """AROUND `_init_pools` calls SGLang's own unless --enable-jenga --jenga-pool serves a
+    hybrid Mamba target worker; AFTER `configure` changes only a result holding our allocator."""
+    import msgspec
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
+
+    from jenga_sglang.binding.options import JENGA_ATTR, JengaOptions
+    from jenga_sglang.binding.pool_hook import after_configure, around_init_pools
+
+    calls = []
+
+    def original(configurator: Any, **kwargs: Any) -> str:
+        calls.append(kwargs)
+        return "sglang's pools"
+
+    for options, mambaish in (
+        (JengaOptions(enabled=True, pool=False), object()),
+        (JengaOptions(enabled=True), None),
+        (JengaOptions(), object()),
+    ):
+        args = SimpleNamespace(**{JENGA_ATTR: options})
+        configurator = SimpleNamespace(
+            server_args=args, mambaish_config=mambaish, is_draft_worker=False
+        )
+        got = around_init_pools(
+            original,
+            configurator,
+            sizes=None,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=None,
+        )
+        assert got == "sglang's pools"
+    assert len(calls) == 3
+
+    pools = _pools(sg)
+    fields = dict(
+        max_total_num_tokens=7,
+        max_running_requests=4,
+        full_max_total_num_tokens=None,
+        swa_max_total_num_tokens=None,
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool=pools.token_to_kv_pool,
+        memory_pool_config=None,
+    )
+    ours = KVCacheConfigResult(
+        token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator, **fields
+    )
+    replaced = after_configure(ours, None)
+    assert replaced.max_total_num_tokens == pools.token_to_kv_pool_allocator.size > 7
+    other = msgspec.structs.replace(ours, token_to_kv_pool_allocator=object())
+    assert after_configure(other, None) is None
