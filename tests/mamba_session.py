@@ -34,7 +34,8 @@ from typing import Any
 
 from tests.test_binding_backend import _params
 
-CHUNK = 64  # prefill chunk of the sessions; also SGLang's mamba_cache_chunk_size here
+CHUNK = 64  # default prefill chunk of a session
+MAMBA_CHUNK = 64  # the model's mamba_chunk_size = SGLang's mamba_cache_chunk_size (page 1)
 
 
 def load_sg() -> Any:
@@ -103,11 +104,14 @@ class Session:
         )
         # ScheduleBatch fields `_mamba_radix_cache_v2_req_prepare_for_extend` reads.
         self.batch = SimpleNamespace(
-            model_config=SimpleNamespace(hf_text_config=SimpleNamespace(mamba_chunk_size=CHUNK)),
+            model_config=SimpleNamespace(
+                hf_text_config=SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK)
+            ),
             tree_cache=self.cache,
             req_to_token_pool=self.pool,
         )
         self.rid = 0
+        self.chunk = CHUNK  # the scheduler's prefill chunk (token budget per round)
 
     # ------------------------------------------------------------------ pool contents
 
@@ -203,13 +207,13 @@ class Session:
         follow_plan: bool = False,
         cut: Any = None,
     ) -> None:
-        """Chunks of CHUNK tokens; `cut_at` ends a chunk exactly there (the branch cut),
+        """Chunks of `self.chunk` tokens; `cut_at` ends a chunk exactly there (the branch cut),
         `follow_plan` ends one at each `req.mamba_branching_seqlen` (what prefill_cut does
         for no_buffer), and `cut(req)` (prefill_cut's rule) may shorten each chunk."""
         total = len(req.origin_input_ids)
         while req.prefix_len < total:
             start = req.prefix_len
-            end = min(start + CHUNK, total)
+            end = min(start + self.chunk, total)
             if follow_plan:
                 cut_at = req.mamba_branching_seqlen
             if cut_at is not None and start < cut_at < end:

@@ -125,7 +125,11 @@ class StateHandOver:
             self.pool.mamba_allocator.free(captured.slot)
         if finished:
             self._release_finished(req, captured if taken else None)
-        else:
+        elif captured is not None:
+            # Extra buffer: the tracked entry now holds a fresh slot, so no tracked state is
+            # named. A tracked state that was not donated stays named: its ping-pong slot
+            # still holds it, and it is what the request hands over at finish if nothing
+            # is tracked after it (SGLang's own component donates at every checkpoint).
             req.kv.mamba_last_track_seqlen = None
             req.kv.mamba_prev_track_seqlen = None
 
