@@ -81,6 +81,32 @@ def test_finish_donates_the_state_tracked_in_prefill(sg: Any, s: Session) -> Non
     s.slots_balance()
 
 
+def test_finish_past_a_late_stop_falls_back_to_the_previous_tracked_state(
+    sg: Any, s: Session
+) -> None:
+    """Decode tracked 128 (prefill had tracked 64), but a stop string matched at output 20:
+    the request keeps KV to 120 only, so it hands over the other ping-pong slot (state at 64,
+    `mamba_prev_track_seqlen`) and the slot at 128 goes back to SGLang."""
+    a, out = tokens(0, 100), tokens(3, 40)
+    req = s.admit(a, len(out))
+    s.prefill(req, out[0])
+    base = len(a)
+    s._alloc_kv(req, base, base + len(out) - 1)
+    for k in range(1, len(out)):
+        s._decode_step(req, out[k - 1], base + k)
+        req.output_ids.append(out[k])
+    assert (req.kv.mamba_prev_track_seqlen, req.kv.mamba_last_track_seqlen) == (64, GRID)
+    latest = _ping_pong(req)[req.kv.mamba_last_track_idx]
+    req.finished_reason = sg.FINISH_LENGTH(length=len(out))
+    req.finished_len = 20  # what a stop-string match sets
+    sg.release_kv_cache(req, s.cache, checkpoint=True)
+    assert s.cached_length(a + out) == base + 20
+    node = s.state_node(a + out, 64)
+    assert s.read(node.state.ids()[0]) == expected(sg, a[:64])
+    assert latest in s.pool.mamba_allocator.free_slots.tolist()
+    s.slots_balance()
+
+
 def test_second_turn_hits_at_the_tracked_position(sg: Any, s: Session) -> None:
     """Turn 2 extends turn 1: it hits at 128 (the tracked state, not the end of the cached KV),
     starts from that state, and tracks relative to its own prefix (128 + 64 = 192)."""
