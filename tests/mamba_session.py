@@ -262,6 +262,13 @@ class Session:
                 return node
         raise AssertionError(f"no node ends at {pos}")
 
+    def state_positions(self, toks: Sequence[int]) -> list[int]:
+        """Where the tree holds a state along `toks`."""
+        from jenga_sglang.radix.tokens import TokenSeq
+
+        path = self.cache.cache.tree.walk(TokenSeq.of(list(toks))).path
+        return [node.end for node in path if node.state is not None]
+
     def cached_length(self, toks: Sequence[int]) -> int:
         """How many tokens of `toks` the tree holds KV for."""
         from jenga_sglang.radix.tokens import TokenSeq

@@ -176,6 +176,67 @@ def test_branch_off_the_track_grid_is_not_donated(sg: Any, s: Session) -> None:
     s.slots_balance()
 
 
+def _cut(s: Session) -> Any:
+    from jenga_sglang.binding.prefill_cut import cut_position
+
+    return lambda req: cut_position(s.cache, req)
+
+
+def test_the_aligning_cut_makes_an_off_grid_branch_exact(sg: Any, s: Session) -> None:
+    """prefill_cut's extra_buffer rule ends the first chunk at 86 = 150 - 64 (instead of 256),
+    so the next chunk starts on the branch's grid: SGLang tracks 150 in it and the running
+    checkpoint donates exactly the state after 150 tokens."""
+    s.chunk = 256
+    c, req = _branching_request(sg, s, 150)
+    ends: list[int] = []
+    cut = _cut(s)
+
+    def record(r: Any) -> int | None:
+        end = cut(r)
+        ends.append(end or r.extend_end)
+        return end
+
+    s.prefill(req, 5, cut=record)
+    assert ends == [86, 300]
+    node = s.state_node(c, 150)
+    assert s.read(node.state.ids()[0]) == expected(sg, c[:150])
+    s.decode_and_finish(req, c, [5, 6])
+    s.slots_balance()
+
+
+def test_prompt_end_is_realigned_only_in_a_chunk_that_ends_anyway(sg: Any) -> None:
+    """With --jenga-prompt-end the prompt end (300) is planned. 300 - 0 is off the 64 grid:
+    the first chunk, cut by the budget at 128, ends at 108 instead, and the last chunk
+    [236, 300) then tracks 300 exactly. A one-chunk prompt is not cut (it would cost a round)."""
+    s = Session(sg, prompt_end=True, extra_buffer=True)
+    s.chunk = 128
+    a = tokens(0, 300)
+    req = s.admit(a, 2)
+    assert req.mamba_branching_seqlen == 300
+    ends: list[int] = []
+    cut = _cut(s)
+
+    def record(r: Any) -> int | None:
+        end = cut(r)
+        ends.append(end or r.extend_end)
+        return end
+
+    s.prefill(req, 1, cut=record)
+    assert ends == [108, 236, 300]
+    assert s.read(s.state_node(a, 300).state.ids()[0]) == expected(sg, a)
+    s.decode_and_finish(req, a, [1, 2])
+    s.slots_balance()
+
+    short = tokens(2, 100, base=40)  # fits one chunk: not cut, 100 is not tracked
+    req = s.admit(short, 2)
+    ends.clear()
+    s.prefill(req, 1, cut=record)
+    assert ends == [100]
+    s.decode_and_finish(req, short, [1, 2])
+    assert s.state_positions([*short, 1]) == [64]  # the finish hands over what was tracked
+    s.slots_balance()
+
+
 def test_abort_mid_prefill_gives_every_slot_back(sg: Any, s: Session) -> None:
     a = tokens(0, 200)
     s.serve(a, [1, 2])
