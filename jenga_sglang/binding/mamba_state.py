@@ -12,7 +12,8 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
   (`--mamba-radix-cache-strategy no_buffer`) the live slot holds the state after exactly
   `up_to` tokens (the chunk just ended there), so it is forked into a fresh slot. With the
   extra buffer the state SGLang tracked (`mamba_last_track_seqlen`, a ping-pong slot) is donated
-  when it lies at the branch point; the request gets a fresh ping-pong slot in exchange.
+  when it lies at a planned position (prefill_cut aligns the chunks so that it can); the
+  request gets a fresh ping-pong slot in exchange. A tracked state not donated stays named.
 * **finish** (`capture`, finished): the request's state is handed over, not copied: its live
   slot (no buffer, state after `up_to` tokens) or its latest tracked slot (extra buffer, state
   after `mamba_last_track_seqlen` tokens, since with overlap scheduling the live slot may run
@@ -20,7 +21,8 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
   `up_to`).
 
 `settle` frees what the tree did not take and clears the request's fields the way SGLang's own
-Mamba component does, so every slot has exactly one owner afterwards.
+Mamba component does (the tracked position only after a donation), so every slot has exactly
+one owner afterwards.
 """
 
 from __future__ import annotations
