@@ -25,8 +25,13 @@ def sg() -> Any:
     return SimpleNamespace(torch=torch, bpc=bpc, RadixKey=RadixKey)
 
 
-def _params(mamba: bool, kv_size: int) -> Any:
-    """SGLang's own CPU pools and allocator for a small model (6 attention of 24 layers)."""
+def _params(mamba: bool, kv_size: int, extra_buffer: bool = False) -> Any:
+    """SGLang's own CPU pools and allocator for a small model (6 attention of 24 layers).
+
+    `extra_buffer`: `--mamba-radix-cache-strategy extra_buffer` with overlap scheduling (two
+    ping-pong track slots per request, so each request holds three Mamba slots: a larger
+    pool), decode states tracked every 128 tokens (`--mamba-track-interval 128`), and room
+    for sequences that cross it."""
     import torch
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
@@ -39,7 +44,7 @@ def _params(mamba: bool, kv_size: int) -> Any:
     )
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    args = ServerArgs(model_path="dummy", page_size=1)
+    args = ServerArgs(model_path="dummy", page_size=1, mamba_track_interval=128)
     args._mamba_cache_chunk_size = 64  # the dummy model has no HF config to read it from
     set_global_server_args_for_scheduler(args)
     attn = [3, 7, 11, 15, 19, 23]
@@ -57,14 +62,15 @@ def _params(mamba: bool, kv_size: int) -> Any:
         )
         req_pool = HybridReqToTokenPool(
             size=8,
-            mamba_size=6,
+            mamba_size=16 if extra_buffer else 6,
             mamba_spec_state_size=8,
-            max_context_len=128,
+            max_context_len=512 if extra_buffer else 128,
             device="cpu",
             enable_memory_saver=False,
             cache_params=Mamba2CacheParams(shape=shape, layers=other),
             mamba_layer_ids=other,
-            enable_mamba_extra_buffer=False,
+            enable_mamba_extra_buffer=extra_buffer,
+            enable_overlap_schedule=True,
             speculative_num_draft_tokens=3,
         )
         pool = HybridLinearKVPool(
@@ -87,6 +93,7 @@ def _params(mamba: bool, kv_size: int) -> Any:
         req_to_token_pool=req_pool,
         token_to_kv_pool_allocator=allocator,
         page_size=1,
+        enable_mamba_extra_buffer=extra_buffer,
     )
 
 

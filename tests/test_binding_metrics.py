@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.test_binding_mamba_state import Session, _tokens
-from tests.test_binding_mamba_state import sg as sg  # the module-scoped fixture
+from tests.mamba_session import Session, load_sg, tokens
 
 pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def sg() -> Any:
+    return load_sg()
 
 
 def _value(name: str, labels: dict[str, str]) -> float:
@@ -46,7 +50,7 @@ def test_series_move_with_hits_checkpoints_and_evictions(sg: Any) -> None:
     hit0 = _value("jenga:hit_tokens_total", labels)
     adm0 = _value("jenga:ssm_checkpoints_admitted_total", labels)
     ev0 = _value("jenga:ssm_checkpoints_evicted_total", labels)
-    a = _tokens(0, 80)
+    a = tokens(0, 80)
     s.serve(a, [1, 2])
     state = str(s.cache.state_type)
     state_bytes = s.cache.spec.state_bytes

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.binding.prefill_cut import around_add_chunked_req, around_add_one_req
+from jenga_sglang.binding.prefill_cut import (
+    around_add_chunked_req,
+    around_add_one_req,
+    extra_buffer_cut,
+)
 from tests.test_binding_backend import _params
 
 pytestmark = pytest.mark.sglang
@@ -28,6 +32,16 @@ def jenga_cache() -> Any:
     from jenga_sglang.models import get_spec
 
     return JengaRadixCache(_params(True, 256), get_spec("nemotron-h-8b"), JengaOptions(True))
+
+
+@pytest.fixture(scope="module")
+def extra_buffer_cache() -> Any:
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.models import get_spec
+
+    params = _params(True, 256, extra_buffer=True)
+    return JengaRadixCache(params, get_spec("nemotron-h-8b"), JengaOptions(True))
 
 
 def _adder(tree_cache: Any, chunk: int | None = 64) -> Any:
@@ -51,7 +65,12 @@ def _admit(adder: Any, req: Any, *_a: Any, **_k: Any) -> str:
 
 
 def _req(prefix: int, branch: int | None, input_len: int = 100) -> Any:
-    return SimpleNamespace(prefix_len=prefix, mamba_branching_seqlen=branch, input_len=input_len)
+    return SimpleNamespace(
+        prefix_len=prefix,
+        mamba_branching_seqlen=branch,
+        input_len=input_len,
+        full_untruncated_fill_ids=[0] * input_len,
+    )
 
 
 def test_a_new_request_stops_at_its_branch_and_ends_the_round(jenga_cache: Any) -> None:
@@ -90,3 +109,35 @@ def test_other_caches_are_left_alone() -> None:
     adder, req = _adder(object(), chunk=500), _req(10, 70)
     around_add_one_req(_admit, adder, req, False, None)
     assert req.extend_end == 100 and adder.new_chunked_req is None
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "branch", "cut", "why"),
+    [
+        (0, 256, 192, None, "on the grid and inside the chunk: SGLang tracks it there"),
+        (0, 256, 256, None, "on the grid at the chunk end: tracked as the aligned end"),
+        (0, 256, 150, 86, "off the grid: the next chunk starts at 150 - 64"),
+        (0, 500, 300, 236, "the last start <= branch - 64 on the branch's grid"),
+        (0, 100, 300, 44, "the branch lies beyond: realign where the budget ends the chunk"),
+        (0, 40, 300, None, "no start on the branch's grid inside this chunk (300 = 44 mod 64)"),
+        (64, 200, 384, 192, "on the grid but beyond the chunk: keep the next start on it"),
+        (64, 192, 384, None, "the chunk already ends on the grid"),
+        (10, 256, 60, None, "fewer than 64 tokens past the start: never trackable"),
+        (70, 256, 70, None, "the branch is already cached"),
+    ],
+)
+def test_extra_buffer_cut(start: int, end: int, branch: int, cut: int | None, why: str) -> None:
+    assert extra_buffer_cut(start, end, branch, 64) == cut, why
+
+
+def test_extra_buffer_cuts_to_the_grid_not_at_the_branch(extra_buffer_cache: Any) -> None:
+    adder, req = _adder(extra_buffer_cache, chunk=500), _req(0, 150, input_len=300)
+    result = around_add_one_req(_admit, adder, req, False, None)
+    assert req.extend_end == 86  # a chunk ending at 150 would track 128
+    assert adder.new_chunked_req is req and result == OTHER
+
+
+def test_extra_buffer_leaves_the_last_chunk_to_the_prompt_end(extra_buffer_cache: Any) -> None:
+    adder, req = _adder(extra_buffer_cache, chunk=500), _req(0, 300, input_len=300)
+    assert around_add_one_req(_admit, adder, req, False, None) == CONTINUE
+    assert req.extend_end == 300 and adder.new_chunked_req is None

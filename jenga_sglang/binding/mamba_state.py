@@ -12,14 +12,17 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
   (`--mamba-radix-cache-strategy no_buffer`) the live slot holds the state after exactly
   `up_to` tokens (the chunk just ended there), so it is forked into a fresh slot. With the
   extra buffer the state SGLang tracked (`mamba_last_track_seqlen`, a ping-pong slot) is donated
-  when it lies at the branch point; the request gets a fresh ping-pong slot in exchange.
+  when it lies at a planned position (prefill_cut aligns the chunks so that it can); the
+  request gets a fresh ping-pong slot in exchange. A tracked state not donated stays named.
 * **finish** (`capture`, finished): the request's state is handed over, not copied: its live
   slot (no buffer, state after `up_to` tokens) or its latest tracked slot (extra buffer, state
   after `mamba_last_track_seqlen` tokens, since with overlap scheduling the live slot may run
-  one step ahead).
+  one step ahead; the one before it, `mamba_prev_track_seqlen`, when the latest lies past
+  `up_to`).
 
 `settle` frees what the tree did not take and clears the request's fields the way SGLang's own
-Mamba component does, so every slot has exactly one owner afterwards.
+Mamba component does (the tracked position only after a donation), so every slot has exactly
+one owner afterwards.
 """
 
 from __future__ import annotations
@@ -108,9 +111,11 @@ class StateHandOver:
         self, req: Any, up_to: int, finished: bool, planned: Collection[int]
     ) -> Captured | None:
         tracked = req.kv.mamba_last_track_seqlen
+        keep = self.pool.get_mamba_ping_pong_keep_idx(req)
+        if finished and tracked is not None and tracked > up_to:
+            tracked, keep = self._previous_tracked(req, keep)
         if tracked is None or not 0 < tracked <= up_to:
             return None
-        keep = self.pool.get_mamba_ping_pong_keep_idx(req)
         if finished:
             slot = req.kv.mamba_ping_pong_track_buffer[keep].reshape(1).to(torch.int64)
             return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
@@ -119,13 +124,25 @@ class StateHandOver:
         donated = self.pool.donate_mamba_ping_pong_slot(req, self.alloc_slot())
         return Captured(tracked, donated.reshape(1).to(torch.int64), donated=False)
 
+    def _previous_tracked(self, req: Any, keep: int) -> tuple[int | None, int]:
+        """The state tracked before the latest one, in the other ping-pong slot. A finished
+        request's latest state may lie past the tokens it keeps (a stop string matched
+        inside the last decode steps)."""
+        if self.pool.mamba_ping_pong_track_buffer_size != 2:
+            return None, keep  # one slot: the latest state overwrote the previous one
+        return req.kv.mamba_prev_track_seqlen, self.pool.get_mamba_ping_pong_other_idx(keep)
+
     def settle(self, req: Any, finished: bool, captured: Captured | None, taken: bool) -> None:
         """After the insert: free what the tree did not take; reset the request's fields."""
         if captured is not None and not taken and not captured.donated:
             self.pool.mamba_allocator.free(captured.slot)
         if finished:
             self._release_finished(req, captured if taken else None)
-        else:
+        elif captured is not None:
+            # Extra buffer: the tracked entry now holds a fresh slot, so no tracked state is
+            # named. A tracked state that was not donated stays named: its ping-pong slot
+            # still holds it, and it is what the request hands over at finish if nothing
+            # is tracked after it (SGLang's own component donates at every checkpoint).
             req.kv.mamba_last_track_seqlen = None
             req.kv.mamba_prev_track_seqlen = None
 

@@ -15,6 +15,23 @@ itself always exhausts the round's token budget, so nothing else is added after 
 here leaves budget over, and a second request truncated later in the round would replace this
 one as the chunked request. The token budget stays charged for the uncut chunk (conservative).
 
+With `extra_buffer` the state is not read from the live slot but from the ping-pong slot SGLang
+tracks during the chunk (`ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend`): the
+last multiple of the Mamba chunk `G` (64) counted from the chunk's start, or the branch point
+itself when it lies on that grid and inside the chunk. A chunk ending at an off-grid branch
+tracks an earlier position, so the cut differs (`extra_buffer_cut`): it ends the chunk at the
+last position q <= branch - G with q = branch (mod G), so that the next chunk starts on the
+branch's grid and SGLang tracks the branch in it; the backend then takes that ping-pong slot
+(mamba_state):
+
+    prefix_len .... q ........ branch ........ extend_end   (q = branch - k*G, k >= 1)
+    |-- this chunk -|-- next chunk: SGLang tracks branch --|
+
+No cut is needed when the branch is on the grid and inside the chunk. Never trackable: a branch
+fewer than G tokens past the chunk start when off its grid. The prompt end is realigned only
+in a chunk that does not reach it (that chunk ended anyway); in the last chunk a cut would add
+a round, which the no_buffer strategy does not pay for the prompt end.
+
 Only requests served by a `JengaRadixCache` are touched, and only when SGLang could chunk them
 (chunked prefill enabled, no other chunked request in flight).
 """
@@ -28,17 +45,49 @@ ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 
 
 def _cut_position(adder: Any, req: Any) -> int | None:
-    """The branch point inside the chunk just added, if the chunk must end there."""
+    """Where the chunk just added must end (`cut_position`), if it is ours to cut."""
     from jenga_sglang.binding.backend import JengaRadixCache
 
     if not isinstance(adder.tree_cache, JengaRadixCache) or adder.rem_chunk_tokens is None:
         return None
     if req not in adder.can_run_list:
         return None  # not admitted this round
+    return cut_position(adder.tree_cache, req)
+
+
+def cut_position(cache: Any, req: Any) -> int | None:
+    """Where the chunk [req.prefix_len, req.extend_end) must end for `cache` to capture the
+    state at `req.mamba_branching_seqlen` exactly, or None (no cut)."""
     branch = req.mamba_branching_seqlen
-    if branch is None or not req.prefix_len < branch < req.extend_end:
+    if branch is None:
         return None
-    return int(branch)
+    start, end = int(req.prefix_len), int(req.extend_end)
+    if cache.handover is not None and cache.handover.extra_buffer:
+        from sglang.srt.runtime_context import mamba_cache_chunk_size
+
+        input_len = len(req.full_untruncated_fill_ids)
+        if branch == input_len == end:
+            return None  # the last chunk: see the module doc
+        return extra_buffer_cut(start, end, int(branch), mamba_cache_chunk_size())
+    return int(branch) if start < branch < end else None
+
+
+def extra_buffer_cut(start: int, end: int, branch: int, grid: int) -> int | None:
+    """The end for chunk [start, end) after which SGLang's tracking reaches `branch` (module
+    doc), or None when the chunk needs no cut or no cut helps."""
+    if branch <= start:
+        return None
+    off = (branch - start) % grid
+    if off == 0:
+        if end >= branch:
+            return None  # tracked in this chunk
+        cut = start + (end - start) // grid * grid  # keep the next chunk on the grid
+    else:
+        last = min(end, branch - grid)  # the next chunk must span >= grid tokens to track
+        if last < start + off:
+            return None
+        cut = start + off + (last - start - off) // grid * grid
+    return cut if start < cut < end else None
 
 
 def around_add_one_req(
@@ -46,10 +95,10 @@ def around_add_one_req(
 ) -> Any:
     has_chunked_req = bool(a[0] if a else k.get("has_chunked_req", False))
     result = original(adder, req, *a, **k)
-    branch = _cut_position(adder, req)
-    if branch is None or has_chunked_req or adder.new_chunked_req not in (None, req):
+    cut = _cut_position(adder, req)
+    if cut is None or has_chunked_req or adder.new_chunked_req not in (None, req):
         return result
-    req.extend_end = branch
+    req.extend_end = cut
     adder.new_chunked_req = req
     adder.rem_chunk_tokens = 0
     return adder.budget_state()
@@ -57,9 +106,9 @@ def around_add_one_req(
 
 def around_add_chunked_req(original: Callable[..., Any], adder: Any, req: Any) -> Any:
     result = original(adder, req)
-    branch = _cut_position(adder, req)
-    if branch is None:
+    cut = _cut_position(adder, req)
+    if cut is None:
         return result
-    req.extend_end = branch
+    req.extend_end = cut
     adder.rem_chunk_tokens = 0
     return req  # still chunked: the scheduler keeps it as its chunked request
