@@ -67,7 +67,7 @@ def _run(args: list[str], tmp_path: Path) -> str:
 def test_flags_in_help(tmp_path: Path) -> None:
     text = _run(["-m", "sglang.launch_server", "--help"], tmp_path)
     flags = ("--enable-jenga", "--jenga-admission", "--jenga-eviction", "--jenga-alpha")
-    for flag in (*flags, "--jenga-prompt-end", "--no-jenga-prompt-end"):
+    for flag in (*flags, "--jenga-prompt-end", "--no-jenga-prompt-end", "--no-jenga-pool"):
         assert flag in text
     assert "FLOP efficiency against recency" in text
 
@@ -78,7 +78,7 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     text = _run([str(probe)], tmp_path)
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
-        "eviction='flop-aware', alpha=0.5, prompt_end=False)\", True, "
+        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True)\", True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text
     assert "ERROR --enable-jenga conflicts with --disable-radix-cache" in text
