@@ -115,7 +115,9 @@ class Engine:
 
 @settings(max_examples=150, deadline=None)
 @given(ops, st.integers(4, 9))
-def test_admitted_requests_always_find_their_states(steps: list[tuple[str, int]], pages: int) -> None:
+def test_admitted_requests_always_find_their_states(
+    steps: list[tuple[str, int]], pages: int
+) -> None:
     """Any interleaving of admissions, finishes (freed or donated to the tree), forks and KV
     growth: a request admitted while fewer than RUNNING run always gets 1 + TRACKING states,
     and room + held + tree >= reserve holds throughout (the invariant of pool/shared.py)."""
