@@ -46,7 +46,7 @@ def _cache_params(sg: Any) -> Any:
     )
 
 
-def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2) -> Any:
+def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2, rows: int = 4) -> Any:
     from jenga_sglang.binding.pool_build import (
         KVShape,
         build_jenga_pools,
@@ -65,8 +65,8 @@ def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2) -> A
         state_reserve=reserve,
         device="cpu",
         req_pool_kwargs={
-            "size": 4,
-            "mamba_spec_state_size": 4,
+            "size": rows,
+            "mamba_spec_state_size": rows,
             "max_context_len": 128,
             "enable_mamba_extra_buffer": False,
         },
@@ -183,8 +183,7 @@ def test_allocator_contract_and_conservation(sg: Any) -> None:
     states = mamba.alloc(2)  # states may use the reserve ...
     assert states is not None and mamba.available_size() == mamba.size - 2
     assert mamba.alloc(mamba.schedulable_available_size() + 1) is None  # nothing taken
-    # ... and the reserve stays whole while requests hold states (it is not netted against
-    # allocated states: a state may belong to the tree and be locked).
+    # ... and with no tree attached (no backend) the reserve is not netted against them.
     assert kv.available_size() == (num_large - reserve_large - -(-2 // per_state)) * per_kv
     shared.check_integrity()
     with pytest.raises(ValueError):
@@ -258,6 +257,73 @@ def test_backend_on_the_jenga_pool_evicts_kv_for_a_state(sg: Any) -> None:
     # Every allocated slot is the tree's or a running request's; every freed one is back.
     assert cache.memory.held(cache.kv_type) == shared.allocated(shared.kv_type)
     assert cache.memory.held(cache.state_type) + running == shared.allocated(shared.state_type)
+
+
+def _request(sg: Any, cache: Any, rid: int) -> Any:
+    """A new SGLang request through match_prefix and `alloc_req_slots` (what the scheduler
+    runs after PrefillAdder admitted it by KV tokens and the running-request count)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.allocation import alloc_req_slots
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(
+        rid=str(rid),
+        origin_input_text="",
+        origin_input_ids=array("q", range(5000 + 100 * rid, 5010 + 100 * rid)),
+        sampling_params=SamplingParams(temperature=0, max_new_tokens=1),
+    )
+    req.init_next_round_input(cache)
+    alloc_req_slots(cache.req_to_token_pool, [req], cache)  # asserts on a missing state slot
+    assert req.kv.holds_mamba
+    return req
+
+
+def test_kv_grows_into_the_reserve_requests_hold_and_new_requests_still_get_states(
+    sg: Any,
+) -> None:
+    """4 running requests at most, no tracking slots: reserve 4 states. While requests hold
+    states, KV takes every large page but the requests' (the un-netted reserve kept 4 more
+    states closed); after a request finishes, by a free or by handing its state to the tree,
+    a new one admitted by count still gets its slot (from the reserve, or by SGLang's
+    ensure_mamba_capacity evicting the tree's state)."""
+    pools = _pools(sg, kv_tokens=256, states=6, reserve=4, rows=8)
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    req_pool = pools.req_to_token_pool
+    per_state = pools.layout.geometry.of(shared.state_type).per_large
+    taken = []
+    requests = []
+    for rid in range(4):
+        requests.append(_request(sg, cache, rid))
+        taken.append(kv.alloc(kv.available_size()))  # KV grows into all it may
+        held = rid + 1
+        assert shared.held_by_requests() == held and shared.reserve_needed() == 4 - held
+        # the un-netted reserve would still keep 4 states' pages closed beyond the held ones
+        closed_before = -(-(4 + held) // per_state) - -(-held // per_state)
+        assert shared.room(shared.state_type) >= 4 - held
+        assert shared.pool.free_large_pages < closed_before or held == 4
+    assert shared.pool.free_large_pages == 0 and kv.available_size() == 0  # KV took the rest
+    # One request finishes and frees its state: the freed slot is the reserve's again.
+    done = requests.pop(0)
+    req_pool.free_mamba_cache(done)
+    req_pool.free(done)
+    assert kv.alloc(1) is None and shared.reserve_needed() == 1
+    requests.append(_request(sg, cache, 4))
+    # Another finishes by handing its state to the tree (KV slots from those KV took).
+    done = requests.pop(0)
+    tokens = list(done.origin_input_ids)
+    value = taken[0][: len(tokens)]
+    key = sg.RadixKey(array("q", tokens))
+    state = done.kv.mamba_pool_idx.reshape(1).to(sg.torch.int64)
+    result = cache.insert(sg.bpc.InsertParams(key=key, value=value, mamba_value=state))
+    assert not result.mamba_exist
+    done.kv.mamba_pool_idx = None  # the tree owns the slot now
+    req_pool.free(done)
+    assert shared.held_by_requests() == 3 and shared.room(shared.state_type) == 0
+    requests.append(_request(sg, cache, 5))  # ensure_mamba_capacity evicts the tree's state
+    assert cache.memory.held(cache.state_type) == 0 and shared.held_by_requests() == 4
+    shared.check_integrity()
+    cache.memory.check_integrity()
 
 
 def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:

@@ -94,6 +94,10 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         capacity, page_bytes = self._capacity(), self._page_bytes()
         shared = max(n * page_bytes[t] for t, n in capacity.items()) if self._donor else None
         self.memory = SlotMemory(capacity, page_bytes, self._give_back, shared, self._room)
+        attach = getattr(self._donor, "attach_tree_states", None)
+        state_type = self.state_type
+        if callable(attach) and state_type is not None:  # the Jenga pool (pool/shared.py):
+            attach(lambda: self.memory.held(state_type))  # its reserve nets request-held states
         self.cache = PrefixCache(
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )

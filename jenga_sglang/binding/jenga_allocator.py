@@ -12,11 +12,14 @@ could hold with `available_size() = size - allocated` (the planner reads
 `schedulable_available_size()`, the states that can be taken now).
 
 `mamba_full_cache_donor()` returns the KV allocator: our backend then models one shared byte
-budget, as on `--enable-unified-memory` (binding/backend.py).
+budget, as on `--enable-unified-memory` (binding/backend.py), and tells it how many states its
+tree holds (`attach_tree_states`), so the state reserve counts only what requests may still
+demand (pool/shared.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -116,6 +119,10 @@ class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
         finally:
             self.free_group = []
 
+    def attach_tree_states(self, tree_states: Callable[[], int]) -> None:
+        """`tree_states()`: states the prefix tree holds; the rest are requests' (shared.py)."""
+        self.shared.attach_tree(tree_states)
+
     def full_tokens_before_mamba_recheck(self, target_size: int) -> int:
         return 0  # any freed KV page can complete a free large page
 
@@ -127,6 +134,7 @@ class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
         return (
             f"#kv-available={self.available_size()}, "
             f"#state-available={self.shared.room(self.shared.state_type)}, "
+            f"#state-reserve={self.shared.reserve_needed()}/{self.shared.state_reserve}, "
             f"#free-large={pool.free_large_pages}/{pool.num_large}"
         )
 

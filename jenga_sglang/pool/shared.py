@@ -7,21 +7,43 @@ for KV or for states on demand, and returns to the one free list when its last p
 No page ever moves.
 
 State reserve. An engine that admits requests by KV tokens and then expects each new request to
-find its SSM state slot (SGLang's scheduler asserts it) must not see KV take the last large
-pages. So `room(kv)` leaves enough free large pages for `state_reserve` states beyond the empty
-state pages already carved; states may use the reserve, KV never does.
+find its SSM state slots (SGLang's scheduler asserts it) must not see KV take the last large
+pages. `state_reserve` is the most states requests can hold at once (SGLang: max running
+requests x (1 + tracking slots)). `room(kv)` leaves free large pages for what of it is still
+*needed*, `reserve_needed() = max(0, state_reserve - held_by_requests)`, beyond the empty state
+pages already carved; states may use the reserve, KV never does. `held_by_requests` is
+`allocated(state) - tree_states()`, every allocated state the attached tree does not hold (a
+request's slot, its tracking slots, a fork on its way into the tree, a slot pre-allocated for
+a batch); with no tree attached nothing is netted (the whole reserve stays closed to KV).
+
+Why it still suffices. Let room = `room(state)`, H = states held by requests, T = the tree's
+states. KV carves a large page only while room >= state_reserve - H afterwards, so
+room + H >= state_reserve right after any KV carve. Afterwards a state alloc or a request's free
+moves one state between room and H, a KV free only adds room, an eviction moves T to room, and
+an adoption by the tree moves H to T: room + H + T >= state_reserve holds at every moment. When
+k new requests are admitted (the scheduler keeps running requests <= max running), the others
+hold at most (max - k) x (1 + tracking) states, so the new requests need at most
+state_reserve - H more: no more than room + T, i.e. free room or tree states that the engine's
+eviction (SGLang's `ensure_mamba_capacity`) reclaims before it allocates. Netting H loses no
+state the new requests could take (a held state is not free to them), which is why the reserve
+may shrink while requests hold states. What KV restraint cannot promise, with or without the
+netting, is a tree state locked at that moment by a running request's prefix; the engine then
+reclaims bytes by evicting unlocked KV leaves (the old, un-netted reserve had extra slack there:
+the states allocated at the last KV carve).
 
 Pure integer bookkeeping (no torch); binding/jenga_allocator.py turns ids into tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.radix.memory import IdPages, OutOfMemory, PageType
 
 _OWNER = 0  # SGLang's allocators do not say which request allocates: one owner for all
+
+TreeStates = Callable[[], int]  # how many allocated states the engine's prefix tree holds now
 
 
 class SharedJengaPool:
@@ -45,6 +67,22 @@ class SharedJengaPool:
         self.kv_type, self.state_type = kv_type, state_type
         self.state_reserve = state_reserve
         self._allocated = {kv_type: 0, state_type: 0}
+        self._tree_states: TreeStates | None = None
+
+    def attach_tree(self, tree_states: TreeStates) -> None:
+        """Net the reserve against request-held states from now on: every allocated state
+        `tree_states()` does not count is a request's (module doc)."""
+        self._tree_states = tree_states
+
+    def held_by_requests(self) -> int:
+        """Allocated states that no tree holds; 0 (nothing netted) while no tree is attached."""
+        if self._tree_states is None:
+            return 0
+        return max(0, self._allocated[self.state_type] - self._tree_states())
+
+    def reserve_needed(self) -> int:
+        """States the reserve must still keep reachable: what requests may yet demand."""
+        return max(0, self.state_reserve - self.held_by_requests())
 
     def max_ids(self, ptype: PageType) -> int:
         """Engine ids of `ptype` are 1..max_ids (every large page carved as it)."""
@@ -59,7 +97,7 @@ class SharedJengaPool:
         per = pool.geometry.of(ptype).per_large
         free_large = pool.free_large_pages
         if ptype == self.kv_type:
-            short = max(0, self.state_reserve - pool.empty_pages(self.state_type))
+            short = max(0, self.reserve_needed() - pool.empty_pages(self.state_type))
             per_state = pool.geometry.of(self.state_type).per_large
             free_large = max(0, free_large - -(-short // per_state))
         return pool.empty_pages(ptype) + free_large * per

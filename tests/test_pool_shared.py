@@ -1,0 +1,133 @@
+"""SharedJengaPool's state reserve: netted against the states requests hold, never short.
+
+Geometry: KV pages of 256 bytes (3 per large page), state pages of 384 bytes (2 per large page).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jenga_sglang.pool.pool import JengaPool
+from jenga_sglang.pool.shared import SharedJengaPool
+from jenga_sglang.pool.sizing import compute_geometry
+from jenga_sglang.radix.memory import PageKind, PageType
+
+KV = PageType(PageKind.KV, 0)
+STATE = PageType(PageKind.STATE, 1)
+LARGE = 768
+
+
+def _shared(large_pages: int, reserve: int) -> SharedJengaPool:
+    pool = JengaPool(compute_geometry({KV: 256, STATE: 384}), large_pages * LARGE)
+    return SharedJengaPool(pool, KV, STATE, reserve)
+
+
+def test_reserve_shrinks_by_the_states_requests_hold() -> None:
+    """10 large pages, reserve 4 states (2 large pages). Request-held states come out of the
+    reserve; a state the tree adopts goes back into it."""
+    shared = _shared(10, 4)
+    tree: list[int] = []
+    assert shared.room(KV) == 8 * 3 and shared.reserve_needed() == 4
+    held = shared.alloc(STATE, 2)  # no tree attached: nothing is netted (the old reserve)
+    assert held is not None and shared.held_by_requests() == 0
+    assert shared.room(KV) == 7 * 3  # 1 large page of states + 2 of reserve closed to KV
+    shared.attach_tree(lambda: len(tree))
+    assert shared.held_by_requests() == 2 and shared.reserve_needed() == 2
+    assert shared.room(KV) == 8 * 3  # the requests' page is the reserve's first page
+    more = shared.alloc(STATE, 2)
+    assert more is not None and shared.reserve_needed() == 0
+    assert shared.room(KV) == 8 * 3  # 4 states held: the whole reserve is in use
+    tree.extend(more)  # the tree adopts two of them: requests may demand them again
+    assert shared.held_by_requests() == 2 and shared.room(KV) == 7 * 3
+    got = shared.alloc(KV, shared.room(KV))
+    assert got is not None and shared.room(KV) == 0
+    assert shared.room(STATE) + shared.held_by_requests() >= shared.state_reserve
+    shared.free(STATE, held)  # a request leaves: its page frees, KV still may not take it
+    assert shared.room(KV) == 0 and shared.room(STATE) == 2 + 2 == shared.reserve_needed()
+    shared.check_integrity()
+
+
+def test_without_requests_the_reserve_is_whole() -> None:
+    shared = _shared(10, 4)
+    shared.attach_tree(lambda: shared.allocated(STATE))  # every state is the tree's
+    assert shared.alloc(STATE, 3) is not None
+    assert shared.held_by_requests() == 0 and shared.reserve_needed() == 4
+    assert shared.room(KV) == (10 - 2 - 2) * 3  # 2 pages of tree states + 2 of reserve
+
+
+RUNNING, TRACKING = 3, 1  # max running requests, tracking slots per request
+PER_REQUEST = 1 + TRACKING
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "finish_free", "finish_donate", "fork", "kv", "kv_free"]),
+        st.integers(0, 40),
+    ),
+    max_size=60,
+)
+
+
+class Engine:
+    """The scheduler's view: requests admitted by count, states taken at admission (after
+    evicting tree states, as `ensure_mamba_capacity` does), KV growing into all it may."""
+
+    def __init__(self, shared: SharedJengaPool) -> None:
+        self.shared = shared
+        self.requests: list[list[int]] = []
+        self.tree: list[int] = []  # states the tree holds (unlocked: evictable)
+        self.kv: list[int] = []
+        shared.attach_tree(lambda: len(self.tree))
+
+    def admit(self) -> None:
+        if len(self.requests) >= RUNNING:
+            return  # the scheduler's max-running check
+        while self.shared.room(STATE) < PER_REQUEST and self.tree:
+            self.shared.free(STATE, [self.tree.pop()])
+        states = self.shared.alloc(STATE, PER_REQUEST)
+        assert states is not None, "a request admitted by count found no state slots"
+        self.requests.append(states)
+
+    def step(self, op: str, n: int) -> None:
+        shared = self.shared
+        if op == "admit":
+            self.admit()
+        elif op in ("finish_free", "finish_donate") and self.requests:
+            states = self.requests.pop(n % len(self.requests))
+            if op == "finish_donate":
+                self.tree.append(states.pop())  # its latest state enters the tree
+            shared.free(STATE, states)
+        elif op == "fork" and self.requests and shared.room(STATE) > 0:
+            fork = shared.alloc(STATE, 1)  # a running checkpoint: a copy for the tree
+            assert fork is not None
+            self.tree.extend(fork)
+        elif op == "kv":
+            free_large = shared.pool.free_large_pages
+            got = shared.alloc(KV, min(n, shared.room(KV)))
+            self.kv.extend(got or [])
+            if shared.pool.free_large_pages < free_large:  # KV carved: the reserve is whole
+                assert shared.room(STATE) + shared.held_by_requests() >= shared.state_reserve
+        elif op == "kv_free" and self.kv:
+            cut = n % (len(self.kv) + 1)
+            shared.free(KV, self.kv[:cut])
+            del self.kv[:cut]
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(4, 9))
+def test_admitted_requests_always_find_their_states(
+    steps: list[tuple[str, int]], pages: int
+) -> None:
+    """Any interleaving of admissions, finishes (freed or donated to the tree), forks and KV
+    growth: a request admitted while fewer than RUNNING run always gets 1 + TRACKING states,
+    and room + held + tree >= reserve holds throughout (the invariant of pool/shared.py)."""
+    shared = _shared(pages, RUNNING * PER_REQUEST)
+    engine = Engine(shared)
+    for op, n in steps:
+        engine.step(op, n)
+        held = shared.held_by_requests()
+        assert held == sum(len(r) for r in engine.requests)
+        assert shared.room(STATE) + held + len(engine.tree) >= shared.state_reserve
+        shared.check_integrity()
+    while len(engine.requests) < RUNNING:  # fill up to the limit at the end, whatever KV took
+        engine.admit()
