@@ -37,6 +37,8 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.bench.cost_model import CostModel, decode_bytes, weight_bytes
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.policies.base import CheckpointPlan
@@ -46,6 +48,9 @@ from jenga_sglang.radix.memory import OutOfMemory, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
 
 
+# Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
+# stays a Python class in the optional build (scripts/accelerate.py).
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class EngineConfig:
     chunk_tokens: int = 8192  # prefill tokens per step (SGLang's chunked_prefill_size default)

@@ -13,12 +13,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.bench.trace import Request
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.tokens import TokenSeq
 
 
+# Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
+# stays a Python class in the optional build (scripts/accelerate.py).
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class PackedRequest:
     """A trace request with its tokens packed once (TokenSeq), shared by every run."""

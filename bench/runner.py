@@ -22,6 +22,7 @@ from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats, pack, replay_sequential
 from jenga_sglang.bench.sglang_run import NATIVE_POLICIES, run_native, validate_native
 from jenga_sglang.bench.trace import load_trace
+from jenga_sglang.compiled import compiled
 from jenga_sglang.models.presets import get_spec, preset_names
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.bundles import build_cache, bundle, byte_budget
@@ -153,6 +154,7 @@ def run(config: RunConfig) -> dict[str, Any]:
         "tunings": tuner.log.tunings if tuner is not None else 0,
         "evicted_nodes": cache.tree.evicted_nodes,
         "evicted_states": cache.tree.evicted_states,
+        "compiled": compiled(),  # the optional mypyc build (jenga_sglang/compiled.py) ran it
     }
     if isinstance(stats, EngineStats):
         record.update(engine_fields(stats))

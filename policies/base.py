@@ -11,12 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.radix.node import Node
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.match import Walk
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EvictionPolicy(ABC):
     """Chooses which cached entry goes next.
 
@@ -54,6 +57,7 @@ class EvictionPolicy(ABC):
         """A request's raw walk (where it leaves the tree), before anything is inserted."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class NodeCost(ABC):
     """FLOPs saved by a node's own tokens and the bytes it holds (from the model spec)."""
 
@@ -85,6 +89,7 @@ class CheckpointPlan:
         return tuple(sorted(set(self.prefill_at) | set(self.finish_at)))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AdmissionPolicy(ABC):
     """Decides which SSM states (and how much of a sequence) enter the cache."""
 

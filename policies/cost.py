@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.base import NodeCost
 from jenga_sglang.radix.node import Node
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class SpecNodeCost(NodeCost):
     """FLOPs saved by tokens [start, end) relative to the parent; bytes of KV pages and state.
 

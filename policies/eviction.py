@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.policies.base import EvictionPolicy, NodeCost
 from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.cost import SpecNodeCost
@@ -67,6 +69,7 @@ class LruEviction(EvictionPolicy):
         return self._leaves.first()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FlopAwareEviction(EvictionPolicy):
     """Marconi's utility: normalised recency + alpha x normalised FLOP efficiency."""
 

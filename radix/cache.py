@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
 from jenga_sglang.policies.cost import SpecNodeCost
@@ -18,6 +20,9 @@ from jenga_sglang.radix.tokens import TokenSeq
 from jenga_sglang.radix.tree import RadixTree
 
 
+# Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
+# stays a Python class in the optional build (scripts/accelerate.py).
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class ServeResult:
     """What one sequentially served request got from the cache."""
@@ -29,6 +34,7 @@ class ServeResult:
     cached: bool  # False when its pages could not be admitted (larger than what is free)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class PrefixCache:
     def __init__(
         self,

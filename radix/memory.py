@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple, Protocol
 
+from mypy_extensions import mypyc_attr
+
 
 class PageKind(IntEnum):
     KV = 0
@@ -44,6 +46,8 @@ class PageType(NamedTuple):
         return f"{self.kind.name.lower()}[{self.group}]"
 
 
+# mypyc (scripts/accelerate.py) compiles exception classes only as plain Python classes.
+@mypyc_attr(native_class=False)
 class OutOfMemory(RuntimeError):
     """An allocation that cannot be served even after evicting everything evictable."""
 
@@ -59,6 +63,7 @@ class Usage:
     page_bytes: int
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Pages(ABC):
     """An ordered run of small pages of one type, as stored on a radix node.
 
@@ -82,6 +87,7 @@ class Pages(ABC):
         """Page ids (memories without ids raise TypeError)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class CountPages(Pages):
     """Pages known only by their number (byte-budget memories)."""
 
@@ -106,6 +112,7 @@ class CountPages(Pages):
         return f"CountPages({self.n})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class IdPages(Pages):
     """Pages with real ids (the Jenga pool)."""
 
@@ -144,6 +151,7 @@ class Evictor(Protocol):
         ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CacheMemory(ABC):
     """Memory that hands out small pages of several types to one tree.
 
@@ -244,6 +252,7 @@ class CacheMemory(ABC):
         return True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CountedMemory(CacheMemory):
     """Pages counted per type (no ids): `used` and `evictable` counters, and the page moves
     that keep them. Subclasses decide what an allocation may take (`alloc`, `usage`) and
@@ -295,6 +304,7 @@ class CountedMemory(CacheMemory):
             dst[ptype] += n
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class ByteBudget(CountedMemory):
     """Byte accounting with a hard budget: one page = one token of KV or one SSM state.
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.radix.memory import Pages
 from jenga_sglang.radix.tokens import TokenSeq
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class Node:
     __slots__ = (
         "children",

@@ -13,9 +13,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.radix.node import Node
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GroupRule(ABC):
     """The hit rule of one layer group."""
 
@@ -29,6 +32,7 @@ class FullAttentionRule(GroupRule):
         return limit
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class SlidingWindowRule(GroupRule):
     """Valid p: no tombstoned position in [p - window, p).
 

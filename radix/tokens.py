@@ -10,9 +10,12 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 _ITEM = 4  # bytes per token id (int32)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class TokenSeq:
     """An immutable sequence of token ids (int32), cheap to slice and compare."""
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.radix.match import MatchResult, Walk
@@ -32,6 +34,7 @@ from jenga_sglang.radix.rules import (
 from jenga_sglang.radix.tokens import TokenSeq
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class RadixTree:
     """Token radix tree with per-group pages, SSM checkpoints, locks and policy-driven eviction."""
 

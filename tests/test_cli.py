@@ -32,6 +32,7 @@ REPLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "tuning_s": float,
     "cpu_s": float,
     "tuning_cpu_s": float,
+    "compiled": bool,
 }
 ENGINE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ttft_p50_s": float,

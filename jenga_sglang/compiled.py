@@ -1,0 +1,94 @@
+"""The optional mypyc build of the simulator's hot modules: which modules, and whether it is in use.
+
+`scripts/accelerate.py` (`make accelerate`) compiles `MODULES` in place: an extension module
+(`tree.cpython-311-x86_64-linux-gnu.so`) next to each source, which Python imports instead of the
+`.py`. The pure-Python sources stay the reference: the build changes speed, never decisions, and
+removing it (`make unaccelerate`) goes back to them.
+
+The sources carry mypyc's class options (`mypy_extensions.mypyc_attr`, a no-op in pure Python):
+
+* `allow_interpreted_subclasses=True` on the bases that Python code subclasses (memories,
+  policies, costs) and on every class marked serializable (below);
+* `serializable=True` on the classes the tuner pickles with the cache whose `__init__` takes
+  arguments (others unpickle through a no-argument `__init__`). With the mypyc this was built
+  with, such a class created from Python code only runs its `__init__` when it also allows
+  interpreted subclasses, hence both options together;
+* `native_class=False` on exceptions and on frozen dataclasses sent between processes (a
+  compiled frozen dataclass cannot be unpickled).
+
+A compiled module that no longer matches its source would silently run old code, so the build
+records a digest of the sources and importing `jenga_sglang` refuses a stale build
+(`check_fresh`). This module is never compiled itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+MODULES: tuple[str, ...] = (
+    "jenga_sglang.radix.node",
+    "jenga_sglang.radix.tokens",
+    "jenga_sglang.radix.memory",
+    "jenga_sglang.radix.match",
+    "jenga_sglang.radix.rules",
+    "jenga_sglang.radix.tree",
+    "jenga_sglang.radix.cache",
+    "jenga_sglang.policies.base",
+    "jenga_sglang.policies.eviction",
+    "jenga_sglang.policies.ranking",
+    "jenga_sglang.policies.admission",
+    "jenga_sglang.policies.branching",
+    "jenga_sglang.policies.bypass",
+    "jenga_sglang.policies.cost",
+    "jenga_sglang.policies.tuning",
+    "jenga_sglang.policies.replay_grid",
+    "jenga_sglang.bench.replay",
+    "jenga_sglang.bench.engine",
+)
+
+#: Written by the build: the digest of the sources it compiled.
+STAMP = PACKAGE / "_compiled.stamp"
+
+
+def source(module: str) -> Path:
+    """The .py file of one of MODULES (through the package's folder links)."""
+    return PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def built_files() -> list[Path]:
+    """Extension modules the build leaves in the package folders (and its shared library)."""
+    folders = {PACKAGE, *(source(m).parent for m in MODULES)}
+    return sorted(p for d in folders for s in EXTENSION_SUFFIXES for p in d.glob(f"*{s}"))
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for module in MODULES:
+        h.update(module.encode())
+        h.update(source(module).read_bytes())
+    return h.hexdigest()
+
+
+def check_fresh() -> None:
+    """Raise ImportError when compiled modules exist that were built from other sources."""
+    if not built_files():
+        return
+    built = STAMP.read_text().strip() if STAMP.exists() else "(no stamp)"
+    if built != source_digest():
+        raise ImportError(
+            f"the mypyc build under {PACKAGE} is stale: its sources changed since it was "
+            "compiled. Rebuild it (`make accelerate`) or remove it (`make unaccelerate`)."
+        )
+
+
+def compiled() -> bool:
+    """Whether the loaded simulator modules are the compiled ones (all of them or none)."""
+    loaded = [sys.modules[m] for m in MODULES if m in sys.modules]
+    return bool(loaded) and all(
+        (getattr(mod, "__file__", None) or "").endswith(tuple(EXTENSION_SUFFIXES)) for mod in loaded
+    )
