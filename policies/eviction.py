@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from jenga_sglang.policies.base import EvictionPolicy, NodeCost
 from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.cost import SpecNodeCost
-from jenga_sglang.policies.ranking import Ranked
+from jenga_sglang.policies.ranking import FirstRanked, Ranked
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 
@@ -46,7 +46,7 @@ class LruEviction(EvictionPolicy):
     """Leaves only; a hit refreshes the whole path."""
 
     def __init__(self) -> None:
-        self._leaves = Ranked()
+        self._leaves = FirstRanked()
 
     def update(self, node: Node) -> None:
         if node.lock_ref == 0 and node.is_leaf and node.parent is not None:
@@ -190,8 +190,8 @@ class JengaEviction(FlopAwareEviction):
 
     def __init__(self, alpha: float = 0.0) -> None:
         super().__init__(alpha)
-        self._superseded = Ranked()
-        self._abandoned = Ranked()
+        self._superseded = FirstRanked()
+        self._abandoned = FirstRanked()
         self.bypass = BypassLearner()
         self._trusted = False  # the bypass rule the current ranking reflects
 

@@ -1,7 +1,17 @@
-"""An ordered set of nodes keyed by a sortable value, with O(log n) updates."""
+"""Ordered sets of nodes keyed by a sortable value.
+
+`Ranked` keeps the whole order (min, max, ascending walks): the FLOP-aware policy needs them.
+`FirstRanked` answers only "which node comes first" from a binary heap (C `heapq`), which is
+several times cheaper per update than a sorted list: LRU orders are updated on every insert,
+eviction and hit but only ever asked for their first node.
+
+Both order by (value, node id): the id breaks ties deterministically, so the two give the same
+first node for the same updates.
+"""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 
 from sortedcontainers import SortedList
@@ -71,3 +81,50 @@ class Ranked:
 
     def node(self, node_id: int) -> Node:
         return self._nodes[node_id]
+
+
+class FirstRanked:
+    """Nodes ordered by (value, node id), asked only for the first one.
+
+    A heap with lazy deletion: `put` pushes the node's new key and `discard` forgets the node;
+    keys that no longer match a node's current one stay in the heap until they reach its top.
+    When stale keys outnumber live ones the heap is rebuilt, so it stays within a constant
+    factor of the live size.
+    """
+
+    _SLACK = 64  # stale keys tolerated on top of the live count before a rebuild
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+        self._keys: dict[int, tuple[float, int]] = {}
+        self._nodes: dict[int, Node] = {}
+
+    def put(self, node: Node, value: float) -> None:
+        key = (value, node.id)
+        if self._keys.get(node.id) == key:
+            return
+        self._keys[node.id] = key
+        self._nodes[node.id] = node
+        heapq.heappush(self._heap, key)
+        if len(self._heap) > 2 * len(self._keys) + self._SLACK:
+            self._heap = list(self._keys.values())
+            heapq.heapify(self._heap)
+
+    def discard(self, node: Node) -> None:
+        if self._keys.pop(node.id, None) is not None:
+            del self._nodes[node.id]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, node: Node) -> bool:
+        return node.id in self._keys
+
+    def first(self) -> Node | None:
+        heap, keys = self._heap, self._keys
+        while heap:
+            top = heap[0]
+            if keys.get(top[1]) == top:
+                return self._nodes[top[1]]
+            heapq.heappop(heap)
+        return None
