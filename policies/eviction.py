@@ -98,21 +98,31 @@ class FlopAwareEviction(EvictionPolicy):
 
     def update(self, node: Node) -> None:
         if self.is_candidate(node):
-            f = self.efficiency(node)
-            self._by_recency.put(node, node.last_access)
-            self._by_efficiency.put(node, f)
-            self._by_blend.put(node, node.last_access + self._beta0 * f)
+            self._rank(node)
         else:
             self._discard(node)
+
+    def _rank(self, node: Node) -> None:
+        """Put the node in the utility orders at its current recency and efficiency."""
+        f = self.efficiency(node)
+        self._by_recency.put(node, node.last_access)
+        self._by_efficiency.put(node, f)
+        self._by_blend.put(node, node.last_access + self._beta0 * f)
 
     def remove(self, node: Node) -> None:
         self._discard(node)
 
     def _discard(self, node: Node) -> None:
-        """Take the node out of the candidate orders (it may stay in the tree)."""
-        self._by_recency.discard(node)
-        self._by_efficiency.discard(node)
-        self._by_blend.discard(node)
+        """Take the node out of every candidate order (it may stay in the tree)."""
+        self._unrank(node)
+
+    def _unrank(self, node: Node) -> None:
+        """Take the node out of the utility orders (one membership test for most nodes,
+        which are in none)."""
+        if node in self._by_recency:
+            self._by_recency.discard(node)
+            self._by_efficiency.discard(node)
+            self._by_blend.discard(node)
 
     def refresh(self, path: Sequence[Node], now: int) -> None:
         deepest = path[-1]
@@ -218,19 +228,21 @@ class JengaEviction(FlopAwareEviction):
         return child.state is not None and child.hit_count > 0
 
     def update(self, node: Node) -> None:
-        candidate = self.is_candidate(node)
-        if candidate and self.bypass.goes_first(node):
-            self._superseded.discard(node)
-            super()._discard(node)
-            self._abandoned.put(node, node.last_access)
+        if not self.is_candidate(node):
+            self._discard(node)
             return
-        self._abandoned.discard(node)
-        if candidate and self.is_superseded(node):
-            super()._discard(node)
-            self._superseded.put(node, node.last_access)
+        if self.bypass.goes_first(node):
+            first, other = self._abandoned, self._superseded
+        elif self.is_superseded(node):
+            first, other = self._superseded, self._abandoned
         else:
+            self._abandoned.discard(node)
             self._superseded.discard(node)
-            super().update(node)
+            self._rank(node)
+            return
+        other.discard(node)
+        self._unrank(node)
+        first.put(node, node.last_access)
 
     def remove(self, node: Node) -> None:
         self.bypass.removed(node)  # the node leaves the tree
@@ -239,7 +251,7 @@ class JengaEviction(FlopAwareEviction):
     def _discard(self, node: Node) -> None:
         self._abandoned.discard(node)
         self._superseded.discard(node)
-        super()._discard(node)
+        self._unrank(node)
 
     def observe(self, walk: Walk) -> None:
         self._rerank(self.bypass.observe(walk))

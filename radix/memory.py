@@ -267,32 +267,44 @@ class CountedMemory(CacheMemory):
     def capacity_bytes(self) -> int:
         return self._capacity
 
+    # The page moves run for every node locked, unlocked, inserted or evicted: each one does
+    # its counting inline rather than through a shared helper (a call per move adds up).
+
     def free(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, None)
-        self._released(ptype, len(pages))
+        n = len(pages)
+        if self._used[ptype] < n:
+            _short(ptype, n, self._used[ptype])
+        self._used[ptype] -= n
+        self._released(ptype, n)
 
     def free_evictable(self, ptype: PageType, pages: Pages) -> None:
         """Free pages that are currently evictable (the tree evicting a cached entry)."""
-        self._move(ptype, len(pages), self._evictable, None)
-        self._released(ptype, len(pages))
+        n = len(pages)
+        if self._evictable[ptype] < n:
+            _short(ptype, n, self._evictable[ptype])
+        self._evictable[ptype] -= n
+        self._released(ptype, n)
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._used, self._evictable)
+        n = len(pages)
+        if self._used[ptype] < n:
+            _short(ptype, n, self._used[ptype])
+        self._used[ptype] -= n
+        self._evictable[ptype] += n
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        self._move(ptype, len(pages), self._evictable, self._used)
+        n = len(pages)
+        if self._evictable[ptype] < n:
+            _short(ptype, n, self._evictable[ptype])
+        self._evictable[ptype] -= n
+        self._used[ptype] += n
 
     def _released(self, ptype: PageType, count: int) -> None:
         """Hook: `count` pages of `ptype` just left the memory."""
 
-    def _move(
-        self, ptype: PageType, n: int, src: dict[PageType, int], dst: dict[PageType, int] | None
-    ) -> None:
-        if src[ptype] < n:
-            raise AssertionError(f"moving {n} {ptype} pages but only {src[ptype]} are there")
-        src[ptype] -= n
-        if dst is not None:
-            dst[ptype] += n
+
+def _short(ptype: PageType, n: int, there: int) -> None:
+    raise AssertionError(f"moving {n} {ptype} pages but only {there} are there")
 
 
 class ByteBudget(CountedMemory):
