@@ -245,9 +245,9 @@ class CacheMemory(ABC):
 
 
 class CountedMemory(CacheMemory):
-    """Pages counted per type (no ids): `used` and `evictable` counters, and the page moves
-    that keep them. Subclasses decide what an allocation may take (`alloc`, `usage`) and
-    hear of every freed page through `_released`."""
+    """Pages counted per type (no ids): `used` and `evictable` counters, the bytes they hold,
+    and the page moves that keep them. Subclasses decide what an allocation may take (`alloc`,
+    `usage`) and count what it takes with `_took`."""
 
     def __init__(self, capacity_bytes: int, page_sizes: Mapping[PageType, int]) -> None:
         super().__init__()
@@ -255,6 +255,7 @@ class CountedMemory(CacheMemory):
         self._sizes = dict(page_sizes)
         self._used = dict.fromkeys(page_sizes, 0)
         self._evictable = dict.fromkeys(page_sizes, 0)
+        self._held = 0  # bytes in used or evictable pages
 
     @property
     def page_types(self) -> tuple[PageType, ...]:
@@ -275,7 +276,7 @@ class CountedMemory(CacheMemory):
         if self._used[ptype] < n:
             _short(ptype, n, self._used[ptype])
         self._used[ptype] -= n
-        self._released(ptype, n)
+        self._held -= n * self._sizes[ptype]
 
     def free_evictable(self, ptype: PageType, pages: Pages) -> None:
         """Free pages that are currently evictable (the tree evicting a cached entry)."""
@@ -283,7 +284,7 @@ class CountedMemory(CacheMemory):
         if self._evictable[ptype] < n:
             _short(ptype, n, self._evictable[ptype])
         self._evictable[ptype] -= n
-        self._released(ptype, n)
+        self._held -= n * self._sizes[ptype]
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
         n = len(pages)
@@ -299,8 +300,13 @@ class CountedMemory(CacheMemory):
         self._evictable[ptype] -= n
         self._used[ptype] += n
 
-    def _released(self, ptype: PageType, count: int) -> None:
-        """Hook: `count` pages of `ptype` just left the memory."""
+    def held_bytes(self) -> int:
+        return self._held
+
+    def _took(self, ptype: PageType, count: int) -> None:
+        """Count `count` freshly allocated (used) pages of `ptype`."""
+        self._used[ptype] += count
+        self._held += count * self._sizes[ptype]
 
 
 def _short(ptype: PageType, n: int, there: int) -> None:
@@ -320,12 +326,8 @@ class ByteBudget(CountedMemory):
         if any(size <= 0 for size in page_sizes.values()):
             raise ValueError(f"page sizes must be positive: {page_sizes}")
         super().__init__(capacity_bytes, page_sizes)
-        self._held = 0
         self.peak_bytes = 0
         self.capacity_violations = 0
-
-    def held_bytes(self) -> int:
-        return self._held
 
     def evictable_bytes(self) -> int:
         return sum(n * self._sizes[t] for t, n in self._evictable.items())
@@ -347,8 +349,7 @@ class ByteBudget(CountedMemory):
             )
         if not self._evict_until(ptype, lambda: self._held + need <= self._capacity):
             raise OutOfMemory(f"evictor could not free {need} bytes for {count} {ptype} pages")
-        self._used[ptype] += count
-        self._held += need
+        self._took(ptype, count)
         self.peak_bytes = max(self.peak_bytes, self._held)
         if self._held > self._capacity:
             self.capacity_violations += 1
@@ -364,18 +365,17 @@ class ByteBudget(CountedMemory):
         size = self._sizes[ptype]
         if count * size > self._capacity - self._held + self.evictable_bytes():
             return super().alloc_each(ptype, count, owner)
+        room = lambda: self._held + size <= self._capacity  # noqa: E731 (one closure per call)
         for done in range(count):
-            if not self._evict_until(ptype, lambda: self._held + size <= self._capacity):
+            if self._held + size > self._capacity and not self._evict_until(ptype, room):
                 self._used[ptype] -= done
                 self._held -= done * size
                 raise OutOfMemory(f"evictor could not free {size} bytes for a {ptype} page")
             self._used[ptype] += 1
             self._held += size
-            self.peak_bytes = max(self.peak_bytes, self._held)
+            if self._held > self.peak_bytes:
+                self.peak_bytes = self._held
         return [CountPages(1) for _ in range(count)]
-
-    def _released(self, ptype: PageType, count: int) -> None:
-        self._held -= count * self._sizes[ptype]
 
     def usage(self, ptype: PageType) -> Usage:
         size = self._sizes[ptype]
