@@ -33,8 +33,7 @@ class SpecNodeCost(NodeCost):
 
     def flops_saved(self, node: Node) -> float:
         # The same float arithmetic as spec.prefill_flops(start, end), from memoised terms.
-        end = node.end
-        return self._f(end) - self._f(end - len(node.key))
+        return self._f(node.end) - self._f(node.start)
 
     def bytes_held(self, node: Node) -> int:
         held = sum(len(p) * b for p, b in zip(node.kv, self.kv_page_bytes, strict=True))

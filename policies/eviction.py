@@ -49,7 +49,7 @@ class LruEviction(EvictionPolicy):
         self._leaves = FirstRanked()
 
     def update(self, node: Node) -> None:
-        if node.lock_ref == 0 and node.is_leaf and node.parent is not None:
+        if node.lock_ref == 0 and not node.children and node.parent is not None:
             self._leaves.put(node, node.last_access)
         else:
             self._leaves.discard(node)
@@ -94,7 +94,7 @@ class FlopAwareEviction(EvictionPolicy):
     def is_candidate(node: Node) -> bool:
         if node.lock_ref or node.parent is None:
             return False
-        return node.is_leaf or (len(node.children) == 1 and node.state is not None)
+        return not node.children or (len(node.children) == 1 and node.state is not None)
 
     def update(self, node: Node) -> None:
         if self.is_candidate(node):
@@ -209,7 +209,7 @@ class JengaEviction(FlopAwareEviction):
     def is_candidate(node: Node) -> bool:
         if node.lock_ref or node.parent is None:
             return False
-        return node.is_leaf or node.state is not None
+        return not node.children or node.state is not None
 
     def bind_cost(self, node_flops: NodeCost) -> None:
         super().bind_cost(node_flops)

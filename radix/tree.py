@@ -5,7 +5,8 @@ checkpoint valid at its end (see node.py). The tree is framework-free: pages com
 `CacheMemory`, victims from an `EvictionPolicy`, hit rules from the model spec (rules.py).
 
 Invariants (checked by `check_integrity`):
-* links: every child is keyed by its first token, `end == parent.end + len(key)`, keys non-empty;
+* links: every child is keyed by its first token, `start == parent.end`,
+  `end == start + len(key)`, keys non-empty;
 * locks: lock_ref(n) = own locks(n) + sum of lock_ref over its children, with own locks >= 0;
 * pages: per attention group, len(kv[g]) + tombstones[g] == len(key) (full groups: no tombstones);
   a state is one page; no page id is held by two nodes;
@@ -294,18 +295,20 @@ class RadixTree:
                 upper_kv.append(head)
                 tombstones[slot] -= upper_tomb[-1]
             upper = Node(self._new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
-            node.children[upper.key.head(0)] = upper
+            node.children[key.head(pos)] = upper
             chain.append(upper)
             node, pos = upper, cut
         leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
-        node.children[leaf.key.head(0)] = leaf
+        node.children[key.head(pos)] = leaf
         chain.append(leaf)
         for created in chain:
             state = states.get(created.end - parent.end)
             if state is not None:
-                self._attach_state(created, state, now)  # updates the policy
-            else:
-                self.policy.update(created)
+                # `_attach_state` on a fresh, unlocked node without a state: no checks needed
+                assert self.state_type is not None
+                created.state = state
+                self.memory.mark_evictable(self.state_type, state)
+            self.policy.update(created)
         if parent is not self.root:
             self.policy.update(parent)
         return leaf
@@ -383,6 +386,7 @@ class RadixTree:
         node.parent.children[upper.key.head(0)] = upper
         node.key = node.key.slice(at)
         node.parent = upper
+        node.start = upper.end
         upper.children[node.key.head(0)] = node
         self.policy.update(upper)
         self.policy.update(node)
@@ -399,7 +403,7 @@ class RadixTree:
         victim = self.policy.victim()
         if victim is None:
             return False
-        if victim.is_leaf:
+        if not victim.children:
             self.evict_leaf(victim)
         else:
             self.drop_state(victim)
@@ -407,7 +411,7 @@ class RadixTree:
 
     def evict_leaf(self, node: Node) -> None:
         """Free everything an unlocked leaf holds and remove it."""
-        if node is self.root or not node.is_leaf or node.lock_ref:
+        if node is self.root or node.children or node.lock_ref:
             raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
         for ptype, pages in zip(self.kv_types, node.kv, strict=True):
             if len(pages):
@@ -431,7 +435,7 @@ class RadixTree:
         With one child the node disappears: the child absorbs its edge and KV (Marconi). With
         more children the node stays as the branch point, without a state.
         """
-        if node.lock_ref or node.is_leaf or node.state is None:
+        if node.lock_ref or not node.children or node.state is None:
             raise ValueError(
                 f"cannot drop the state of {node!r}: needs an unlocked inner node with a checkpoint"
             )
@@ -459,6 +463,7 @@ class RadixTree:
                 child.tombstones[slot] = node.tombstones[slot]
         child.key = node.key.concat(child.key)
         child.parent = node.parent
+        child.start = node.start
         node.parent.children[child.key.head(0)] = child
         node.parent = None
         node.children = {}
@@ -503,6 +508,7 @@ class RadixTree:
         assert parent is not None, f"{node!r} is detached"
         assert len(node.key) > 0, f"{node!r} has an empty key"
         assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
+        assert node.start == parent.end, f"{node!r} start is stale"
         assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
         own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
         assert own >= 0, f"{node!r}: lock_ref below the sum of its children's"
