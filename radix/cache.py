@@ -43,13 +43,12 @@ class PrefixCache:
         self.admission = admission
         self.tree = RadixTree(spec, memory, eviction)
         state_type = self.tree.state_type
-        eviction.bind_cost(
-            SpecNodeCost(
-                spec,
-                [memory.page_bytes(t) for t in self.tree.kv_types],
-                memory.page_bytes(state_type) if state_type is not None else 0,
-            )
+        self.cost = SpecNodeCost(
+            spec,
+            [memory.page_bytes(t) for t in self.tree.kv_types],
+            memory.page_bytes(state_type) if state_type is not None else 0,
         )
+        eviction.bind_cost(self.cost)
         self.clock = 0
 
     def tick(self) -> int:
@@ -101,7 +100,7 @@ class PrefixCache:
         plan = self.plan(input_tokens, result, len(seq))
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
-        base = ServeResult(len(input_tokens), hit, self.spec.flops(hit), len(positions), False)
+        base = ServeResult(len(input_tokens), hit, self.cost.flops(hit), len(positions), False)
         if plan.cache_len == 0:
             return base
         key = seq.slice(0, plan.cache_len)
