@@ -153,16 +153,17 @@ class FlopAwareEviction(EvictionPolicy):
         beta = wf / wr
         if not self._beta0 / 2 <= beta <= 2 * self._beta0:
             self._rebase(beta)
-        recency, efficiency = self._by_recency.value_of, self._by_efficiency.value_of
+        recency, efficiency = self._by_recency.entries(), self._by_efficiency.entries()
         if beta >= self._beta0:
             other, w_blend, w_other = self._by_efficiency, 1.0, beta - self._beta0
         else:
             other, w_blend, w_other = self._by_recency, beta / self._beta0, 1 - beta / self._beta0
-        best = (float("inf"), -1)
+        best = (float("inf"), -1)  # (u, id): ties go to the smaller id
         for (g, g_id), (v, v_id) in zip(self._by_blend.keys(), other.keys(), strict=True):
             for node_id in (g_id, v_id):
-                u = wr * (recency(node_id) - r_lo) + wf * (efficiency(node_id) - f_lo)
-                best = min(best, (u, node_id))
+                u = wr * (recency[node_id][0] - r_lo) + wf * (efficiency[node_id][0] - f_lo)
+                if (u, node_id) < best:
+                    best = (u, node_id)
             # every unseen node has r + beta f >= w_blend * g + w_other * v
             if best[0] <= wr * (w_blend * g + w_other * v - r_lo) - wf * f_lo:
                 break

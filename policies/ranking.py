@@ -12,7 +12,7 @@ first node for the same updates.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from sortedcontainers import SortedList
 
@@ -76,8 +76,10 @@ class Ranked:
         """(value, node id) in ascending order, without node look-ups (hot loops)."""
         return iter(self._order)
 
-    def value_of(self, node_id: int) -> float:
-        return self._keys[node_id][0]
+    def entries(self) -> Mapping[int, tuple[float, int]]:
+        """Node id -> (value, node id) of every node in the order: a read-only view for hot
+        loops, which index it instead of calling a method per node."""
+        return self._keys
 
     def node(self, node_id: int) -> Node:
         return self._nodes[node_id]
