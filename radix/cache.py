@@ -100,9 +100,9 @@ class PrefixCache:
         plan = self.plan(input_tokens, result, len(seq))
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
-        base = ServeResult(len(input_tokens), hit, self.cost.flops(hit), len(positions), False)
+        scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
         if plan.cache_len == 0:
-            return base
+            return ServeResult(*scored, cached=False)
         key = seq.slice(0, plan.cache_len)
         walk = walk.prefix(plan.cache_len)
         anchor = walk.path[-1] if walk.path else None
@@ -117,11 +117,11 @@ class PrefixCache:
                 raise
         except OutOfMemory:
             self.tree.unlock(anchor)
-            return base
+            return ServeResult(*scored, cached=False)
         mapping = dict(zip(positions, states, strict=True))
         self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
         self.tree.unlock(anchor)
-        return ServeResult(base.input_tokens, hit, base.flops_saved, base.states_planned, True)
+        return ServeResult(*scored, cached=True)
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()

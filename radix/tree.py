@@ -74,8 +74,8 @@ class RadixTree:
 
     def walk(self, key: TokenSeq) -> Walk:
         """How many leading tokens of `key` the tree holds, ignoring hit rules (no side effects)."""
-        node, pos, path = self.root, 0, []
-        while pos < len(key):
+        node, pos, path, size = self.root, 0, [], len(key)
+        while pos < size:
             child = node.children.get(key.head(pos))
             if child is None:
                 break
@@ -193,15 +193,16 @@ class RadixTree:
     ) -> None:
         if not isinstance(key, TokenSeq):
             raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
-        if len(key) == 0:
+        size = len(key)
+        if size == 0:
             raise ValueError("insert of an empty key")
-        if not 0 <= start <= len(key):
-            raise ValueError(f"start {start} outside [0, {len(key)}]")
+        if not 0 <= start <= size:
+            raise ValueError(f"start {start} outside [0, {size}]")
         if len(kv) != len(self.attention):
             raise ValueError(
                 f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
             )
-        span = len(key) - start
+        span = size - start
         for group, pages in zip(self.attention, kv, strict=True):
             ok = len(pages) == span if group.window is None else len(pages) <= span
             if not ok:
@@ -209,8 +210,8 @@ class RadixTree:
         for pos, state in states.items():
             if self.state_type is None:
                 raise ValueError("states given but the model has no Mamba group")
-            if not 0 < pos <= len(key):
-                raise ValueError(f"checkpoint position {pos} outside (0, {len(key)}]")
+            if not 0 < pos <= size:
+                raise ValueError(f"checkpoint position {pos} outside (0, {size}]")
             if len(state) != 1:
                 raise ValueError(f"a checkpoint is one state page, got {len(state)}")
 
