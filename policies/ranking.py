@@ -1,6 +1,9 @@
 """Ordered sets of nodes keyed by a sortable value.
 
 `Ranked` keeps the whole order (min, max, ascending walks): the FLOP-aware policy needs them.
+While it is small it is a plain sorted list (C bisect and a short memmove per update, several
+times cheaper than SortedList's pure-Python bookkeeping): a byte budget's candidates number in
+the hundreds. Past `Ranked.LARGE` entries it becomes a SortedList, whose updates stay O(log n).
 `FirstRanked` answers only "which node comes first" from a binary heap (C `heapq`), which is
 several times cheaper per update than a sorted list: LRU orders are updated on every insert,
 eviction and hit but only ever asked for their first node.
@@ -12,6 +15,7 @@ first node for the same updates.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
 
 from sortedcontainers import SortedList
@@ -22,8 +26,10 @@ from jenga_sglang.radix.node import Node
 class Ranked:
     """Nodes ordered by (value, node id); the id breaks ties deterministically."""
 
+    LARGE = 4096  # entries beyond which the order moves to a SortedList (for good)
+
     def __init__(self) -> None:
-        self._order: SortedList = SortedList()
+        self._order: list[tuple[float, int]] | SortedList = []
         self._keys: dict[int, tuple[float, int]] = {}
         self._nodes: dict[int, Node] = {}
 
@@ -33,8 +39,8 @@ class Ranked:
         if old == key:
             return
         if old is not None:
-            self._order.remove(old)
-        self._order.add(key)
+            self._remove(old)
+        self._add(key)
         self._keys[node.id] = key
         self._nodes[node.id] = node
 
@@ -42,13 +48,30 @@ class Ranked:
         """Replace every entry at once (O(n log n), cheaper than n puts)."""
         self._keys = {node.id: (value, node.id) for node, value in entries}
         self._nodes = {node.id: node for node, _ in entries}
-        self._order = SortedList(self._keys.values())
+        order = sorted(self._keys.values())
+        self._order = order if len(order) <= self.LARGE else SortedList(order)
 
     def discard(self, node: Node) -> None:
         old = self._keys.pop(node.id, None)
         if old is not None:
-            self._order.remove(old)
+            self._remove(old)
             del self._nodes[node.id]
+
+    def _add(self, key: tuple[float, int]) -> None:
+        order = self._order
+        if isinstance(order, list):
+            insort(order, key)
+            if len(order) > self.LARGE:
+                self._order = SortedList(order)
+        else:
+            order.add(key)
+
+    def _remove(self, key: tuple[float, int]) -> None:
+        order = self._order
+        if isinstance(order, list):
+            del order[bisect_left(order, key)]
+        else:
+            order.remove(key)
 
     def __len__(self) -> int:
         return len(self._keys)
