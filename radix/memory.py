@@ -256,6 +256,7 @@ class CountedMemory(CacheMemory):
         self._used = dict.fromkeys(page_sizes, 0)
         self._evictable = dict.fromkeys(page_sizes, 0)
         self._held = 0  # bytes in used or evictable pages
+        self._evictable_held = 0  # bytes in evictable pages (allocations check it every time)
 
     @property
     def page_types(self) -> tuple[PageType, ...]:
@@ -285,6 +286,7 @@ class CountedMemory(CacheMemory):
             _short(ptype, n, self._evictable[ptype])
         self._evictable[ptype] -= n
         self._held -= n * self._sizes[ptype]
+        self._evictable_held -= n * self._sizes[ptype]
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
         n = len(pages)
@@ -292,6 +294,7 @@ class CountedMemory(CacheMemory):
             _short(ptype, n, self._used[ptype])
         self._used[ptype] -= n
         self._evictable[ptype] += n
+        self._evictable_held += n * self._sizes[ptype]
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
         n = len(pages)
@@ -299,9 +302,13 @@ class CountedMemory(CacheMemory):
             _short(ptype, n, self._evictable[ptype])
         self._evictable[ptype] -= n
         self._used[ptype] += n
+        self._evictable_held -= n * self._sizes[ptype]
 
     def held_bytes(self) -> int:
         return self._held
+
+    def evictable_bytes(self) -> int:
+        return self._evictable_held
 
     def _took(self, ptype: PageType, count: int) -> None:
         """Count `count` freshly allocated (used) pages of `ptype`."""
@@ -328,9 +335,6 @@ class ByteBudget(CountedMemory):
         super().__init__(capacity_bytes, page_sizes)
         self.peak_bytes = 0
         self.capacity_violations = 0
-
-    def evictable_bytes(self) -> int:
-        return sum(n * self._sizes[t] for t, n in self._evictable.items())
 
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:
@@ -392,6 +396,10 @@ class ByteBudget(CountedMemory):
     def check_integrity(self) -> None:
         held = sum((self._used[t] + self._evictable[t]) * s for t, s in self._sizes.items())
         assert held == self._held, f"held bytes drifted: counted {held}, tracked {self._held}"
+        evictable = sum(n * self._sizes[t] for t, n in self._evictable.items())
+        assert evictable == self._evictable_held, (
+            f"evictable bytes drifted: counted {evictable}, tracked {self._evictable_held}"
+        )
         assert 0 <= self._held <= self._capacity, (
             f"held {self._held} bytes outside [0, {self._capacity}]"
         )
