@@ -351,7 +351,7 @@ class ByteBudget(CountedMemory):
                 f"{self._capacity - self._held} bytes free and {self.evictable_bytes()} evictable "
                 f"of {self._capacity}; the rest is in use"
             )
-        if not self._evict_until(ptype, lambda: self._held + need <= self._capacity):
+        if not self._make_room(ptype, need):
             raise OutOfMemory(f"evictor could not free {need} bytes for {count} {ptype} pages")
         self._took(ptype, count)
         self.peak_bytes = max(self.peak_bytes, self._held)
@@ -369,9 +369,8 @@ class ByteBudget(CountedMemory):
         size = self._sizes[ptype]
         if count * size > self._capacity - self._held + self.evictable_bytes():
             return super().alloc_each(ptype, count, owner)
-        room = lambda: self._held + size <= self._capacity  # noqa: E731 (one closure per call)
         for done in range(count):
-            if self._held + size > self._capacity and not self._evict_until(ptype, room):
+            if self._held + size > self._capacity and not self._make_room(ptype, size):
                 self._used[ptype] -= done
                 self._held -= done * size
                 raise OutOfMemory(f"evictor could not free {size} bytes for a {ptype} page")
@@ -380,6 +379,17 @@ class ByteBudget(CountedMemory):
             if self._held > self.peak_bytes:
                 self.peak_bytes = self._held
         return [CountPages(1) for _ in range(count)]
+
+    def _make_room(self, ptype: PageType, need: int) -> bool:
+        """Evict until `need` more bytes fit in the budget; False if the evictor ran dry.
+
+        `_evict_until` with the test inline: it runs once per victim, and vllm-blocks evicts
+        about one node per state it allocates."""
+        evictor = self._evictor
+        while self._held + need > self._capacity:
+            if evictor is None or not evictor.evict_for(ptype):
+                return False
+        return True
 
     def usage(self, ptype: PageType) -> Usage:
         size = self._sizes[ptype]
