@@ -38,9 +38,17 @@ class Ranked:
         key = (value, node.id)
         if old == key:
             return
-        if old is not None:
-            self._remove(old)
-        self._add(key)
+        order = self._order
+        if isinstance(order, list):  # (inline: puts and discards run on every lock and unlock)
+            if old is not None:
+                del order[bisect_left(order, old)]
+            insort(order, key)
+            if len(order) > self.LARGE:
+                self._order = SortedList(order)
+        else:
+            if old is not None:
+                order.remove(old)
+            order.add(key)
         self._keys[node.id] = key
         self._nodes[node.id] = node
 
@@ -54,24 +62,12 @@ class Ranked:
     def discard(self, node: Node) -> None:
         old = self._keys.pop(node.id, None)
         if old is not None:
-            self._remove(old)
+            order = self._order
+            if isinstance(order, list):
+                del order[bisect_left(order, old)]
+            else:
+                order.remove(old)
             del self._nodes[node.id]
-
-    def _add(self, key: tuple[float, int]) -> None:
-        order = self._order
-        if isinstance(order, list):
-            insort(order, key)
-            if len(order) > self.LARGE:
-                self._order = SortedList(order)
-        else:
-            order.add(key)
-
-    def _remove(self, key: tuple[float, int]) -> None:
-        order = self._order
-        if isinstance(order, list):
-            del order[bisect_left(order, key)]
-        else:
-            order.remove(key)
 
     def __len__(self) -> int:
         return len(self._keys)
