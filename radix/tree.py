@@ -4,7 +4,7 @@ Each node holds the KV pages of its edge for every attention group and at most o
 checkpoint valid at its end (see node.py). The tree is framework-free: pages come from a
 `CacheMemory`, victims from an `EvictionPolicy`, hit rules from the model spec (rules.py).
 
-Invariants (checked by `check_integrity`):
+Invariants (checked by `check_integrity`, in integrity.py):
 * links: every child is keyed by its first token, `start == parent.end`,
   `end == start + len(key)`, keys non-empty;
 * locks: lock_ref(n) = own locks(n) + sum of lock_ref over its children, with own locks >= 0;
@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
+from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
@@ -480,41 +481,5 @@ class RadixTree:
         return it
 
     def check_integrity(self) -> None:
-        """Assert the invariants in the module docstring (tests and `--check` call this)."""
-        evictable = dict.fromkeys(self.memory.page_types, 0)
-        owned: dict[PageType, set[int]] = {t: set() for t in self.memory.page_types}
-        for node in self.nodes():
-            self._check_node(node)
-            held = list(zip(self.kv_types, node.kv, strict=True))
-            if node.state is not None and self.state_type is not None:
-                held.append((self.state_type, node.state))
-            for ptype, pages in held:
-                if node.lock_ref == 0:
-                    evictable[ptype] += len(pages)
-                if isinstance(pages, IdPages):
-                    ids = pages.ids()
-                    clash = owned[ptype].intersection(ids)
-                    assert not clash, f"{ptype} pages {sorted(clash)[:5]} owned twice"
-                    owned[ptype].update(ids)
-        for ptype, count in evictable.items():
-            usage = self.memory.usage(ptype)
-            assert usage.evictable == count, (
-                f"{ptype}: memory has {usage.evictable} evictable pages, tree's unlocked nodes "
-                f"hold {count}"
-            )
-        self.memory.check_integrity()
-
-    def _check_node(self, node: Node) -> None:
-        parent = node.parent
-        assert parent is not None, f"{node!r} is detached"
-        assert len(node.key) > 0, f"{node!r} has an empty key"
-        assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
-        assert node.start == parent.end, f"{node!r} start is stale"
-        assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
-        own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
-        assert own >= 0, f"{node!r}: lock_ref below the sum of its children's"
-        for slot, group in enumerate(self.attention):
-            tomb = node.tombstones[slot]
-            assert len(node.kv[slot]) + tomb == len(node.key), f"{node!r} group {slot} pages"
-            assert group.window is not None or tomb == 0, f"{node!r}: tombstone in full group"
-        assert node.state is None or len(node.state) == 1, f"{node!r}: state is not one page"
+        """Assert the invariants in the module docstring (radix/integrity.py)."""
+        check_tree(self)
