@@ -108,7 +108,6 @@ def replay_sequential(
 ) -> ReplayStats:
     """Serve `requests` in order through `cache`; `check` verifies the tree after each one."""
     stats = ReplayStats()
-    spec = cache.spec
     start, cpu_start = time.perf_counter(), time.process_time()
     for i, req in enumerate(requests):
         res = cache.serve(req.inp, req.out, owner=i)
@@ -117,7 +116,7 @@ def replay_sequential(
         stats.output_tokens += len(req.out)
         stats.hit_tokens += res.hit_tokens
         stats.flops_saved += res.flops_saved
-        stats.flops_total += spec.flops(res.input_tokens)
+        stats.flops_total += cache.cost.flops(res.input_tokens)
         stats.states_planned += res.states_planned
         stats.uncached_requests += not res.cached
         if tuner is not None:

@@ -55,9 +55,6 @@ class StaticSplitMemory(CountedMemory):
         """Bytes assigned to the pools of one kind (KV or SSM state)."""
         return sum(n * self._sizes[t] for t, n in self._total.items() if t.kind is kind)
 
-    def held_bytes(self) -> int:
-        return sum((self._used[t] + self._evictable[t]) * s for t, s in self._sizes.items())
-
     def wasted_bytes(self) -> int:
         return self._wasted
 
@@ -86,7 +83,7 @@ class StaticSplitMemory(CountedMemory):
             )
         if not self._evict_until(ptype, lambda: self.usage(ptype).free >= count):
             raise OutOfMemory(f"evictor could not free {count} {ptype} pages")
-        self._used[ptype] += count
+        self._took(ptype, count)
         return CountPages(count)
 
     def check_integrity(self) -> None:

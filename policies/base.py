@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -99,9 +99,10 @@ class AdmissionPolicy(ABC):
         `total_len`. `branch` says where the input leaves the tree (speculative insertion)."""
 
 
-@dataclass(frozen=True)
-class Branch:
+class Branch(NamedTuple):
     """Result of a speculative insertion: where a sequence would leave the tree.
+
+    A named tuple (built in C: one per request) rather than a frozen dataclass.
 
     `length` is the number of leading tokens already in the tree. `at_node_end` is True when that
     point is the end of an existing node (inserting would create no new intermediate node),

@@ -23,6 +23,7 @@ admission. Nothing here knows about agents or sessions: only branch positions ar
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 
@@ -76,6 +77,7 @@ class BranchLearningAdmission(SpeculativeAdmission):
         self.gate = gate
         # one entry per recent request that extended a cached sequence: its tail (0: at the end)
         self._recent: deque[int] = deque(maxlen=window)
+        self._tails: list[int] = []  # the positive entries of _recent, sorted (kept as it moves)
 
     def observe(self, branch: Branch) -> None:
         """Record a request that found a cached sequence it extends: it either continues at
@@ -86,16 +88,24 @@ class BranchLearningAdmission(SpeculativeAdmission):
         one after the chat template's opening tokens is not a rewrite of its own history."""
         if branch.tail > 0:
             if branch.length >= self.min_branch_tokens:
-                self._recent.append(branch.tail)
+                self._record(branch.tail)
         elif branch.at_node_end and branch.fanout == 0 and branch.length > 0:
-            self._recent.append(0)
+            self._record(0)
+
+    def _record(self, tail: int) -> None:
+        recent = self._recent
+        if len(recent) == recent.maxlen and recent[0] > 0:  # about to drop out of the window
+            del self._tails[bisect_left(self._tails, recent[0])]
+        recent.append(tail)
+        if tail > 0:
+            insort(self._tails, tail)
 
     def predicted_tails(self) -> list[int] | None:
         """Learned tail lengths (sorted), or None while mid-edge divergences are not common."""
-        tails = sorted(t for t in self._recent if t > 0)
+        tails = self._tails
         if len(tails) < self.min_samples or len(tails) < self.min_rate * len(self._recent):
             return None
-        return tails
+        return list(tails)
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         self.observe(branch)

@@ -18,8 +18,8 @@ class SpecNodeCost(NodeCost):
     Attention's quadratic term makes deeper tokens more valuable: F(end) - F(start) counts
     the scores of those tokens against the whole prefix before them.
 
-    F is memoised per length: eviction policies re-rank nodes on every lock, unlock and insert,
-    and the same node ends recur across requests.
+    F is memoised per length (`flops`): eviction policies re-rank nodes on every lock, unlock
+    and insert, the cache scores every request's hit with it, and the same lengths recur.
     """
 
     def __init__(self, spec: ModelSpec, kv_page_bytes: Sequence[int], state_bytes: int) -> None:
@@ -28,7 +28,8 @@ class SpecNodeCost(NodeCost):
         self.state_bytes = state_bytes
         self._flops: dict[int, float] = {}
 
-    def _f(self, length: int) -> float:
+    def flops(self, length: int) -> float:
+        """spec.flops(length), memoised."""
         f = self._flops.get(length)
         if f is None:
             f = self._flops[length] = self.spec.flops(length)
@@ -36,9 +37,10 @@ class SpecNodeCost(NodeCost):
 
     def flops_saved(self, node: Node) -> float:
         # The same float arithmetic as spec.prefill_flops(start, end), from memoised terms.
-        end = node.end
-        return self._f(end) - self._f(end - len(node.key))
+        return self.flops(node.end) - self.flops(node.start)
 
     def bytes_held(self, node: Node) -> int:
-        held = sum(len(p) * b for p, b in zip(node.kv, self.kv_page_bytes, strict=True))
-        return held + (self.state_bytes if node.state is not None else 0)
+        held = self.state_bytes if node.state is not None else 0
+        for pages, page_bytes in zip(node.kv, self.kv_page_bytes, strict=True):
+            held += len(pages) * page_bytes
+        return held

@@ -39,7 +39,7 @@ from mypy_extensions import mypyc_attr
 from jenga_sglang.policies.base import EvictionPolicy, NodeCost
 from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.cost import SpecNodeCost
-from jenga_sglang.policies.ranking import Ranked
+from jenga_sglang.policies.ranking import FirstRanked, Ranked
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 
@@ -48,10 +48,10 @@ class LruEviction(EvictionPolicy):
     """Leaves only; a hit refreshes the whole path."""
 
     def __init__(self) -> None:
-        self._leaves = Ranked()
+        self._leaves = FirstRanked()
 
     def update(self, node: Node) -> None:
-        if node.lock_ref == 0 and node.is_leaf and node.parent is not None:
+        if node.lock_ref == 0 and not node.children and node.parent is not None:
             self._leaves.put(node, node.last_access)
         else:
             self._leaves.discard(node)
@@ -97,25 +97,35 @@ class FlopAwareEviction(EvictionPolicy):
     def is_candidate(node: Node) -> bool:
         if node.lock_ref or node.parent is None:
             return False
-        return node.is_leaf or (len(node.children) == 1 and node.state is not None)
+        return not node.children or (len(node.children) == 1 and node.state is not None)
 
     def update(self, node: Node) -> None:
         if self.is_candidate(node):
-            f = self.efficiency(node)
-            self._by_recency.put(node, node.last_access)
-            self._by_efficiency.put(node, f)
-            self._by_blend.put(node, node.last_access + self._beta0 * f)
+            self._rank(node)
         else:
             self._discard(node)
+
+    def _rank(self, node: Node) -> None:
+        """Put the node in the utility orders at its current recency and efficiency."""
+        f = self.efficiency(node)
+        self._by_recency.put(node, node.last_access)
+        self._by_efficiency.put(node, f)
+        self._by_blend.put(node, node.last_access + self._beta0 * f)
 
     def remove(self, node: Node) -> None:
         self._discard(node)
 
     def _discard(self, node: Node) -> None:
-        """Take the node out of the candidate orders (it may stay in the tree)."""
-        self._by_recency.discard(node)
-        self._by_efficiency.discard(node)
-        self._by_blend.discard(node)
+        """Take the node out of every candidate order (it may stay in the tree)."""
+        self._unrank(node)
+
+    def _unrank(self, node: Node) -> None:
+        """Take the node out of the utility orders (one membership test for most nodes,
+        which are in none)."""
+        if node in self._by_recency:
+            self._by_recency.discard(node)
+            self._by_efficiency.discard(node)
+            self._by_blend.discard(node)
 
     def refresh(self, path: Sequence[Node], now: int) -> None:
         deepest = path[-1]
@@ -146,16 +156,17 @@ class FlopAwareEviction(EvictionPolicy):
         beta = wf / wr
         if not self._beta0 / 2 <= beta <= 2 * self._beta0:
             self._rebase(beta)
-        recency, efficiency = self._by_recency.value_of, self._by_efficiency.value_of
+        recency, efficiency = self._by_recency.entries(), self._by_efficiency.entries()
         if beta >= self._beta0:
             other, w_blend, w_other = self._by_efficiency, 1.0, beta - self._beta0
         else:
             other, w_blend, w_other = self._by_recency, beta / self._beta0, 1 - beta / self._beta0
-        best = (float("inf"), -1)
+        best = (float("inf"), -1)  # (u, id): ties go to the smaller id
         for (g, g_id), (v, v_id) in zip(self._by_blend.keys(), other.keys(), strict=True):
             for node_id in (g_id, v_id):
-                u = wr * (recency(node_id) - r_lo) + wf * (efficiency(node_id) - f_lo)
-                best = min(best, (u, node_id))
+                u = wr * (recency[node_id][0] - r_lo) + wf * (efficiency[node_id][0] - f_lo)
+                if (u, node_id) < best:
+                    best = (u, node_id)
             # every unseen node has r + beta f >= w_blend * g + w_other * v
             if best[0] <= wr * (w_blend * g + w_other * v - r_lo) - wf * f_lo:
                 break
@@ -193,8 +204,8 @@ class JengaEviction(FlopAwareEviction):
 
     def __init__(self, alpha: float = 0.0) -> None:
         super().__init__(alpha)
-        self._superseded = Ranked()
-        self._abandoned = Ranked()
+        self._superseded = FirstRanked()
+        self._abandoned = FirstRanked()
         self.bypass = BypassLearner()
         self._trusted = False  # the bypass rule the current ranking reflects
 
@@ -202,7 +213,7 @@ class JengaEviction(FlopAwareEviction):
     def is_candidate(node: Node) -> bool:
         if node.lock_ref or node.parent is None:
             return False
-        return node.is_leaf or node.state is not None
+        return not node.children or node.state is not None
 
     def bind_cost(self, node_flops: NodeCost) -> None:
         super().bind_cost(node_flops)
@@ -221,19 +232,21 @@ class JengaEviction(FlopAwareEviction):
         return child.state is not None and child.hit_count > 0
 
     def update(self, node: Node) -> None:
-        candidate = self.is_candidate(node)
-        if candidate and self.bypass.goes_first(node):
-            self._superseded.discard(node)
-            super()._discard(node)
-            self._abandoned.put(node, node.last_access)
+        if not self.is_candidate(node):
+            self._discard(node)
             return
-        self._abandoned.discard(node)
-        if candidate and self.is_superseded(node):
-            super()._discard(node)
-            self._superseded.put(node, node.last_access)
+        if self.bypass.goes_first(node):
+            first, other = self._abandoned, self._superseded
+        elif self.is_superseded(node):
+            first, other = self._superseded, self._abandoned
         else:
+            self._abandoned.discard(node)
             self._superseded.discard(node)
-            super().update(node)
+            self._rank(node)
+            return
+        other.discard(node)
+        self._unrank(node)
+        first.put(node, node.last_access)
 
     def remove(self, node: Node) -> None:
         self.bypass.removed(node)  # the node leaves the tree
@@ -242,7 +255,7 @@ class JengaEviction(FlopAwareEviction):
     def _discard(self, node: Node) -> None:
         self._abandoned.discard(node)
         self._superseded.discard(node)
-        super()._discard(node)
+        self._unrank(node)
 
     def observe(self, walk: Walk) -> None:
         self._rerank(self.bypass.observe(walk))

@@ -7,7 +7,7 @@ decisions on every tensor-parallel rank).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -20,12 +20,9 @@ from jenga_sglang.radix.tokens import TokenSeq
 from jenga_sglang.radix.tree import RadixTree
 
 
-# Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
-# stays a Python class in the optional build (scripts/accelerate.py).
-@mypyc_attr(native_class=False)
-@dataclass(frozen=True)
-class ServeResult:
-    """What one sequentially served request got from the cache."""
+class ServeResult(NamedTuple):
+    """What one sequentially served request got from the cache (a named tuple: one per
+    request, built in C)."""
 
     input_tokens: int
     hit_tokens: int
@@ -49,13 +46,12 @@ class PrefixCache:
         self.admission = admission
         self.tree = RadixTree(spec, memory, eviction)
         state_type = self.tree.state_type
-        eviction.bind_cost(
-            SpecNodeCost(
-                spec,
-                [memory.page_bytes(t) for t in self.tree.kv_types],
-                memory.page_bytes(state_type) if state_type is not None else 0,
-            )
+        self.cost = SpecNodeCost(
+            spec,
+            [memory.page_bytes(t) for t in self.tree.kv_types],
+            memory.page_bytes(state_type) if state_type is not None else 0,
         )
+        eviction.bind_cost(self.cost)
         self.clock = 0
 
     def tick(self) -> int:
@@ -107,9 +103,9 @@ class PrefixCache:
         plan = self.plan(input_tokens, result, len(seq))
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
-        base = ServeResult(len(input_tokens), hit, self.spec.flops(hit), len(positions), False)
+        scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
         if plan.cache_len == 0:
-            return base
+            return ServeResult(*scored, cached=False)
         key = seq.slice(0, plan.cache_len)
         walk = walk.prefix(plan.cache_len)
         anchor = walk.path[-1] if walk.path else None
@@ -124,11 +120,11 @@ class PrefixCache:
                 raise
         except OutOfMemory:
             self.tree.unlock(anchor)
-            return base
+            return ServeResult(*scored, cached=False)
         mapping = dict(zip(positions, states, strict=True))
         self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
         self.tree.unlock(anchor)
-        return ServeResult(base.input_tokens, hit, base.flops_saved, base.states_planned, True)
+        return ServeResult(*scored, cached=True)
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()

@@ -1,16 +1,19 @@
-"""Typed results of tree look-ups."""
+"""Typed results of tree look-ups.
+
+Immutable named tuples rather than frozen dataclasses: every request builds a few of them, and
+a tuple is built in C where a frozen dataclass sets each field through object.__setattr__.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jenga_sglang.policies.base import Branch
 from jenga_sglang.radix.memory import Pages
 from jenga_sglang.radix.node import Node
 
 
-@dataclass(frozen=True)
-class Walk:
+class Walk(NamedTuple):
     """Raw token walk: `length` leading tokens are in the tree along `path` (root excluded).
 
     The last node of `path` may be matched only partly (length < its end).
@@ -45,8 +48,7 @@ def _tail(node: Node, at: int) -> int:
     return node.end - at if not node.children else 0
 
 
-@dataclass(frozen=True)
-class MatchResult:
+class MatchResult(NamedTuple):
     """The longest prefix every layer group can reuse.
 
         tokens:  [0 ............ length) [length ...... walk.length) [....... len(input))

@@ -36,6 +36,7 @@ class Node:
         "last_access",
         "lock_ref",
         "parent",
+        "start",
         "state",
         "tombstones",
     )
@@ -59,11 +60,9 @@ class Node:
         self.lock_ref = 0
         self.last_access = now
         self.hit_count = 0
-        self.end: int = (parent.end if parent is not None else 0) + len(key)
-
-    @property
-    def start(self) -> int:
-        return self.end - len(self.key)
+        # start == parent.end, kept as a field: hit rules and costs read it on every request
+        self.start: int = parent.end if parent is not None else 0
+        self.end: int = self.start + len(key)
 
     @property
     def is_root(self) -> bool:

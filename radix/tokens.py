@@ -57,7 +57,8 @@ class TokenSeq:
 
     def head(self, pos: int = 0) -> bytes:
         """The packed id at `pos`, usable as a dict key for child lookup."""
-        return self._b[pos * _ITEM : (pos + 1) * _ITEM]
+        at = pos * _ITEM
+        return self._b[at : at + _ITEM]
 
     def slice(self, start: int, stop: int | None = None) -> TokenSeq:
         stop_b = None if stop is None else stop * _ITEM

@@ -4,8 +4,9 @@ Each node holds the KV pages of its edge for every attention group and at most o
 checkpoint valid at its end (see node.py). The tree is framework-free: pages come from a
 `CacheMemory`, victims from an `EvictionPolicy`, hit rules from the model spec (rules.py).
 
-Invariants (checked by `check_integrity`):
-* links: every child is keyed by its first token, `end == parent.end + len(key)`, keys non-empty;
+Invariants (checked by `check_integrity`, in integrity.py):
+* links: every child is keyed by its first token, `start == parent.end`,
+  `end == start + len(key)`, keys non-empty;
 * locks: lock_ref(n) = own locks(n) + sum of lock_ref over its children, with own locks >= 0;
 * pages: per attention group, len(kv[g]) + tombstones[g] == len(key) (full groups: no tombstones);
   a state is one page; no page id is held by two nodes;
@@ -21,6 +22,7 @@ from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
+from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
@@ -76,8 +78,8 @@ class RadixTree:
 
     def walk(self, key: TokenSeq) -> Walk:
         """How many leading tokens of `key` the tree holds, ignoring hit rules (no side effects)."""
-        node, pos, path = self.root, 0, []
-        while pos < len(key):
+        node, pos, path, size = self.root, 0, [], len(key)
+        while pos < size:
             child = node.children.get(key.head(pos))
             if child is None:
                 break
@@ -195,15 +197,16 @@ class RadixTree:
     ) -> None:
         if not isinstance(key, TokenSeq):
             raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
-        if len(key) == 0:
+        size = len(key)
+        if size == 0:
             raise ValueError("insert of an empty key")
-        if not 0 <= start <= len(key):
-            raise ValueError(f"start {start} outside [0, {len(key)}]")
+        if not 0 <= start <= size:
+            raise ValueError(f"start {start} outside [0, {size}]")
         if len(kv) != len(self.attention):
             raise ValueError(
                 f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
             )
-        span = len(key) - start
+        span = size - start
         for group, pages in zip(self.attention, kv, strict=True):
             ok = len(pages) == span if group.window is None else len(pages) <= span
             if not ok:
@@ -211,8 +214,8 @@ class RadixTree:
         for pos, state in states.items():
             if self.state_type is None:
                 raise ValueError("states given but the model has no Mamba group")
-            if not 0 < pos <= len(key):
-                raise ValueError(f"checkpoint position {pos} outside (0, {len(key)}]")
+            if not 0 < pos <= size:
+                raise ValueError(f"checkpoint position {pos} outside (0, {size}]")
             if len(state) != 1:
                 raise ValueError(f"a checkpoint is one state page, got {len(state)}")
 
@@ -297,18 +300,20 @@ class RadixTree:
                 upper_kv.append(head)
                 tombstones[slot] -= upper_tomb[-1]
             upper = Node(self._new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
-            node.children[upper.key.head(0)] = upper
+            node.children[key.head(pos)] = upper
             chain.append(upper)
             node, pos = upper, cut
         leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
-        node.children[leaf.key.head(0)] = leaf
+        node.children[key.head(pos)] = leaf
         chain.append(leaf)
         for created in chain:
             state = states.get(created.end - parent.end)
             if state is not None:
-                self._attach_state(created, state, now)  # updates the policy
-            else:
-                self.policy.update(created)
+                # `_attach_state` on a fresh, unlocked node without a state: no checks needed
+                assert self.state_type is not None
+                created.state = state
+                self.memory.mark_evictable(self.state_type, state)
+            self.policy.update(created)
         if parent is not self.root:
             self.policy.update(parent)
         return leaf
@@ -386,6 +391,7 @@ class RadixTree:
         node.parent.children[upper.key.head(0)] = upper
         node.key = node.key.slice(at)
         node.parent = upper
+        node.start = upper.end
         upper.children[node.key.head(0)] = node
         self.policy.update(upper)
         self.policy.update(node)
@@ -402,7 +408,7 @@ class RadixTree:
         victim = self.policy.victim()
         if victim is None:
             return False
-        if victim.is_leaf:
+        if not victim.children:
             self.evict_leaf(victim)
         else:
             self.drop_state(victim)
@@ -410,7 +416,7 @@ class RadixTree:
 
     def evict_leaf(self, node: Node) -> None:
         """Free everything an unlocked leaf holds and remove it."""
-        if node is self.root or not node.is_leaf or node.lock_ref:
+        if node is self.root or node.children or node.lock_ref:
             raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
         for ptype, pages in zip(self.kv_types, node.kv, strict=True):
             if len(pages):
@@ -434,7 +440,7 @@ class RadixTree:
         With one child the node disappears: the child absorbs its edge and KV (Marconi). With
         more children the node stays as the branch point, without a state.
         """
-        if node.lock_ref or node.is_leaf or node.state is None:
+        if node.lock_ref or not node.children or node.state is None:
             raise ValueError(
                 f"cannot drop the state of {node!r}: needs an unlocked inner node with a checkpoint"
             )
@@ -462,6 +468,7 @@ class RadixTree:
                 child.tombstones[slot] = node.tombstones[slot]
         child.key = node.key.concat(child.key)
         child.parent = node.parent
+        child.start = node.start
         node.parent.children[child.key.head(0)] = child
         node.parent = None
         node.children = {}
@@ -477,40 +484,5 @@ class RadixTree:
         return it
 
     def check_integrity(self) -> None:
-        """Assert the invariants in the module docstring (tests and `--check` call this)."""
-        evictable = dict.fromkeys(self.memory.page_types, 0)
-        owned: dict[PageType, set[int]] = {t: set() for t in self.memory.page_types}
-        for node in self.nodes():
-            self._check_node(node)
-            held = list(zip(self.kv_types, node.kv, strict=True))
-            if node.state is not None and self.state_type is not None:
-                held.append((self.state_type, node.state))
-            for ptype, pages in held:
-                if node.lock_ref == 0:
-                    evictable[ptype] += len(pages)
-                if isinstance(pages, IdPages):
-                    ids = pages.ids()
-                    clash = owned[ptype].intersection(ids)
-                    assert not clash, f"{ptype} pages {sorted(clash)[:5]} owned twice"
-                    owned[ptype].update(ids)
-        for ptype, count in evictable.items():
-            usage = self.memory.usage(ptype)
-            assert usage.evictable == count, (
-                f"{ptype}: memory has {usage.evictable} evictable pages, tree's unlocked nodes "
-                f"hold {count}"
-            )
-        self.memory.check_integrity()
-
-    def _check_node(self, node: Node) -> None:
-        parent = node.parent
-        assert parent is not None, f"{node!r} is detached"
-        assert len(node.key) > 0, f"{node!r} has an empty key"
-        assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
-        assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
-        own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
-        assert own >= 0, f"{node!r}: lock_ref below the sum of its children's"
-        for slot, group in enumerate(self.attention):
-            tomb = node.tombstones[slot]
-            assert len(node.kv[slot]) + tomb == len(node.key), f"{node!r} group {slot} pages"
-            assert group.window is not None or tomb == 0, f"{node!r}: tombstone in full group"
-        assert node.state is None or len(node.state) == 1, f"{node!r}: state is not one page"
+        """Assert the invariants in the module docstring (radix/integrity.py)."""
+        check_tree(self)

@@ -1,0 +1,58 @@
+"""The radix tree's invariants, checked node by node (tests and `--check` runs call this).
+
+The invariants themselves are stated in tree.py's docstring; this module only verifies them,
+so the tree's own module stays about what it does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jenga_sglang.radix.memory import IdPages, PageType
+from jenga_sglang.radix.node import Node
+
+if TYPE_CHECKING:
+    from jenga_sglang.radix.tree import RadixTree
+
+
+def check_tree(tree: RadixTree) -> None:
+    """Assert links, locks, pages and conservation (see tree.py) over the whole tree."""
+    memory = tree.memory
+    evictable = dict.fromkeys(memory.page_types, 0)
+    owned: dict[PageType, set[int]] = {t: set() for t in memory.page_types}
+    for node in tree.nodes():
+        _check_node(tree, node)
+        held = list(zip(tree.kv_types, node.kv, strict=True))
+        if node.state is not None and tree.state_type is not None:
+            held.append((tree.state_type, node.state))
+        for ptype, pages in held:
+            if node.lock_ref == 0:
+                evictable[ptype] += len(pages)
+            if isinstance(pages, IdPages):
+                ids = pages.ids()
+                clash = owned[ptype].intersection(ids)
+                assert not clash, f"{ptype} pages {sorted(clash)[:5]} owned twice"
+                owned[ptype].update(ids)
+    for ptype, count in evictable.items():
+        usage = memory.usage(ptype)
+        assert usage.evictable == count, (
+            f"{ptype}: memory has {usage.evictable} evictable pages, tree's unlocked nodes "
+            f"hold {count}"
+        )
+    memory.check_integrity()
+
+
+def _check_node(tree: RadixTree, node: Node) -> None:
+    parent = node.parent
+    assert parent is not None, f"{node!r} is detached"
+    assert len(node.key) > 0, f"{node!r} has an empty key"
+    assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
+    assert node.start == parent.end, f"{node!r} start is stale"
+    assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
+    own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
+    assert own >= 0, f"{node!r}: lock_ref below the sum of its children's"
+    for slot, group in enumerate(tree.attention):
+        tomb = node.tombstones[slot]
+        assert len(node.kv[slot]) + tomb == len(node.key), f"{node!r} group {slot} pages"
+        assert group.window is not None or tomb == 0, f"{node!r}: tombstone in full group"
+    assert node.state is None or len(node.state) == 1, f"{node!r}: state is not one page"
