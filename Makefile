@@ -22,10 +22,10 @@ test: install
 # same decisions, about 2x faster replays; docs/install.md). Skipped, with the reason, when mypyc
 # or a C compiler is missing. `unaccelerate` goes back to pure Python.
 accelerate: install
-	$(PY) scripts/accelerate.py
+	$(PY) scripts/build_compiled.py
 
 unaccelerate:
-	$(PY) scripts/accelerate.py --clean
+	$(PY) scripts/build_compiled.py --clean
 
 # A tiny NemotronH (random weights, locally trained tokenizer) for serving on CPU (docs/e2e-cpu.md).
 tiny-model: data/tiny-model/model.safetensors

@@ -22,7 +22,7 @@ from jenga_sglang.radix.tokens import TokenSeq
 
 
 # Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
-# stays a Python class in the optional build (scripts/accelerate.py).
+# stays a Python class in the optional build (scripts/build_compiled.py).
 @mypyc_attr(native_class=False)
 @dataclass(frozen=True, slots=True)
 class PackedRequest:

@@ -1,6 +1,6 @@
 """The optional mypyc build of the simulator's hot modules: which modules, and whether it is in use.
 
-`scripts/accelerate.py` (`make accelerate`) compiles `MODULES` in place: an extension module
+`scripts/build_compiled.py` (`make accelerate`) compiles `MODULES` in place: an extension module
 (`tree.cpython-311-x86_64-linux-gnu.so`) next to each source, which Python imports instead of the
 `.py`. The pure-Python sources stay the reference: the build changes speed, never decisions, and
 removing it (`make unaccelerate`) goes back to them.

@@ -46,7 +46,7 @@ class PageType(NamedTuple):
         return f"{self.kind.name.lower()}[{self.group}]"
 
 
-# mypyc (scripts/accelerate.py) compiles exception classes only as plain Python classes.
+# mypyc (scripts/build_compiled.py) compiles exception classes only as plain Python classes.
 @mypyc_attr(native_class=False)
 class OutOfMemory(RuntimeError):
     """An allocation that cannot be served even after evicting everything evictable."""

@@ -1,4 +1,4 @@
-"""The optional mypyc build (scripts/accelerate.py): it must never change a decision.
+"""The optional mypyc build (scripts/build_compiled.py): it must never change a decision.
 
 The build-and-compare test compiles a copy of the package in a temporary folder (this checkout
 is never touched), then replays one small trace through every bundle, sequential and engine
@@ -137,7 +137,7 @@ def test_compiled_build_decides_like_pure_python(tmp_path: Path) -> None:
     pure, was_compiled = replays(copy, trace)
     assert not was_compiled
     build = subprocess.run(
-        [sys.executable, "scripts/accelerate.py"],
+        [sys.executable, "scripts/build_compiled.py"],
         cwd=copy,
         capture_output=True,
         text=True,

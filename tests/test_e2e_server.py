@@ -67,6 +67,7 @@ def test_jenga_server_hits_prompts_and_branch_points(tiny_model: Path, tmp_path:
         cached = [_generate_cached(server.url, ids) for ids in (a, b, c)]
     text = log.read_text(errors="replace")
     assert "impl=JengaRadixCache" in text  # the scheduler built our backend
+    assert "Jenga pool: " in text  # and its KV and Mamba pools are views of our one buffer
     assert first.error is None and second.error is None, (first.error, second.error)
     assert first.cached_tokens == 0
     assert 0 < second.cached_tokens < second.prompt_tokens

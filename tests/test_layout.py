@@ -64,6 +64,6 @@ def test_our_code_is_reached_through_the_jenga_sglang_namespace():
     found = probe("jenga_sglang.radix.tree", "jenga_sglang.kernels.roll_forward")
     for name, origin in found.items():
         assert origin is not None, name
-        # .py, or the optional mypyc build's extension module next to it (scripts/accelerate.py)
+        # .py, or the optional mypyc build's extension module next to it (scripts/build_compiled.py)
         assert Path(origin).name.endswith((".py", *EXTENSION_SUFFIXES)), origin
         assert ROOT / name.split(".")[1] in Path(origin).resolve().parents

@@ -1,7 +1,10 @@
 """Compile the simulator's hot modules with mypyc, in place (optional; `make accelerate`).
 
-    python scripts/accelerate.py           build (replaces an earlier build)
-    python scripts/accelerate.py --clean   remove the build: back to pure Python
+Not named accelerate.py: scripts run with scripts/ first on sys.path, where a module named
+`accelerate` would shadow Hugging Face's package (transformers then fails to read its version).
+
+    python scripts/build_compiled.py           build (replaces an earlier build)
+    python scripts/build_compiled.py --clean   remove the build: back to pure Python
 
 The modules are `jenga_sglang.compiled.MODULES`. Each gets an extension module next to its
 source, plus one shared library `jenga_sglang/_accel__mypyc*.so` holding the code of all of
@@ -61,7 +64,7 @@ def build(reg: ModuleType) -> None:
     os.chdir(ROOT)  # mypy derives module names from the paths below
     paths = [str(reg.source(m).relative_to(ROOT)) for m in reg.MODULES]
     extensions = mypycify(paths, group_name="jenga_sglang._accel", target_dir="build/mypyc")
-    dist = Distribution({"ext_modules": extensions, "script_name": "accelerate.py"})
+    dist = Distribution({"ext_modules": extensions, "script_name": "build_compiled.py"})
     dist.script_args = ["build_ext", "--inplace", "--build-temp", "build/mypyc-tmp"]
     dist.parse_command_line()
     dist.run_commands()
