@@ -182,12 +182,8 @@ def _cut(s: Session) -> Any:
     return lambda req: cut_position(s.cache, req)
 
 
-def test_the_aligning_cut_makes_an_off_grid_branch_exact(sg: Any, s: Session) -> None:
-    """prefill_cut's extra_buffer rule ends the first chunk at 86 = 150 - 64 (instead of 256),
-    so the next chunk starts on the branch's grid: SGLang tracks 150 in it and the running
-    checkpoint donates exactly the state after 150 tokens."""
-    s.chunk = 256
-    c, req = _branching_request(sg, s, 150)
+def _recording_cut(s: Session) -> tuple[list[int], Any]:
+    """The cut rule, plus the list of where each chunk ended (cut or not)."""
     ends: list[int] = []
     cut = _cut(s)
 
@@ -196,6 +192,16 @@ def test_the_aligning_cut_makes_an_off_grid_branch_exact(sg: Any, s: Session) ->
         ends.append(end or r.extend_end)
         return end
 
+    return ends, record
+
+
+def test_the_aligning_cut_makes_an_off_grid_branch_exact(sg: Any, s: Session) -> None:
+    """prefill_cut's extra_buffer rule ends the first chunk at 86 = 150 - 64 (instead of 256),
+    so the next chunk starts on the branch's grid: SGLang tracks 150 in it and the running
+    checkpoint donates exactly the state after 150 tokens."""
+    s.chunk = 256
+    c, req = _branching_request(sg, s, 150)
+    ends, record = _recording_cut(s)
     s.prefill(req, 5, cut=record)
     assert ends == [86, 300]
     node = s.state_node(c, 150)
@@ -213,14 +219,7 @@ def test_prompt_end_is_realigned_only_in_a_chunk_that_ends_anyway(sg: Any) -> No
     a = tokens(0, 300)
     req = s.admit(a, 2)
     assert req.mamba_branching_seqlen == 300
-    ends: list[int] = []
-    cut = _cut(s)
-
-    def record(r: Any) -> int | None:
-        end = cut(r)
-        ends.append(end or r.extend_end)
-        return end
-
+    ends, record = _recording_cut(s)
     s.prefill(req, 1, cut=record)
     assert ends == [108, 236, 300]
     assert s.read(s.state_node(a, 300).state.ids()[0]) == expected(sg, a)
