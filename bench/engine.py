@@ -44,8 +44,8 @@ from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.policies.base import CheckpointPlan
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.memory import OutOfMemory, PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import OutOfMemory, PageKind, Pages, PageType
 
 
 # Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one

@@ -35,7 +35,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from jenga_sglang.pool.pool import JengaPool
-from jenga_sglang.radix.memory import IdPages, OutOfMemory, PageKind, PageType
+from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, PageType
 
 
 @dataclass(frozen=True)

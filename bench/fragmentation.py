@@ -37,7 +37,7 @@ from jenga_sglang.bench.frag_timeline import Series, Timeline, TimelineStats, Wo
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
-from jenga_sglang.radix.memory import PageKind
+from jenga_sglang.radix.pages import PageKind
 
 CAPACITIES = (("60%", 0.6), ("100%", 1.0), ("150%", 1.5))
 ALLOCATORS = (("request-aware", True), ("naive", False))

@@ -42,7 +42,8 @@ from jenga_sglang.bench.synthetic import make_rng, random_tokens, uniform_len
 from jenga_sglang.bench.trace import Request
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.bundles import build_cache
-from jenga_sglang.radix.memory import CacheMemory, PageKind
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import PageKind
 
 # "bytes" is one shared byte budget with no page or pool structure: what any unified KV/Mamba
 # memory (SGLang's --enable-unified-memory included) can at best reach on the same budget.

@@ -24,15 +24,8 @@ from jenga_sglang.bench.sglang_split import (
     static_split,
 )
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.radix.memory import (
-    CountedMemory,
-    CountPages,
-    OutOfMemory,
-    PageKind,
-    Pages,
-    PageType,
-    Usage,
-)
+from jenga_sglang.radix.memory import CountedMemory
+from jenga_sglang.radix.pages import CountPages, OutOfMemory, PageKind, Pages, PageType, Usage
 
 
 class StaticSplitMemory(CountedMemory):

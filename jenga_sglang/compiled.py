@@ -33,6 +33,7 @@ PACKAGE = Path(__file__).resolve().parent
 MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.node",
     "jenga_sglang.radix.tokens",
+    "jenga_sglang.radix.pages",
     "jenga_sglang.radix.memory",
     "jenga_sglang.radix.match",
     "jenga_sglang.radix.rules",

@@ -18,7 +18,8 @@ from jenga_sglang.policies.branching import BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.memory import ByteBudget, CacheMemory, PageKind, PageType
+from jenga_sglang.radix.memory import ByteBudget, CacheMemory
+from jenga_sglang.radix.pages import PageKind, PageType
 
 
 @dataclass(frozen=True)

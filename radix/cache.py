@@ -15,7 +15,8 @@ from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
 from jenga_sglang.policies.cost import SpecNodeCost
 from jenga_sglang.radix.match import MatchResult
-from jenga_sglang.radix.memory import CacheMemory, OutOfMemory, Pages, PageType
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 from jenga_sglang.radix.tree import RadixTree
 

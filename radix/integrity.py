@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jenga_sglang.radix.memory import IdPages, PageType
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import IdPages, PageType
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.tree import RadixTree

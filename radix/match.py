@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from jenga_sglang.policies.base import Branch
-from jenga_sglang.radix.memory import Pages
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import Pages
 
 
 class Walk(NamedTuple):

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from mypy_extensions import mypyc_attr
 
-from jenga_sglang.radix.memory import Pages
+from jenga_sglang.radix.pages import Pages
 from jenga_sglang.radix.tokens import TokenSeq
 
 

@@ -24,8 +24,9 @@ from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
-from jenga_sglang.radix.memory import CacheMemory, IdPages, PageKind, Pages, PageType
+from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.rules import (
     FullAttentionRule,
     GroupRule,

@@ -33,7 +33,8 @@ from jenga_sglang.bench.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache
 from jenga_sglang.pool import JengaPool, geometry_for_spec
-from jenga_sglang.radix.memory import CacheMemory, OutOfMemory, PageKind, PageType
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import OutOfMemory, PageKind, PageType
 
 SPEC = hybrid_spec()
 BUDGET = 1520

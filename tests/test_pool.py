@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import compute_geometry
-from jenga_sglang.radix.memory import IdPages, OutOfMemory, PageKind, PageType
+from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, PageType
 
 IMG = PageType(PageKind.KV, 0)
 TXT = PageType(PageKind.KV, 1)

@@ -15,7 +15,7 @@ from jenga_sglang.models.spec import (
 from jenga_sglang.pool.layout import PoolLayout, build_layout
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import geometry_for_spec
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 SPEC = ModelSpec(
     "tiny-hybrid",

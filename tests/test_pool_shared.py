@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.shared import SharedJengaPool
 from jenga_sglang.pool.sizing import compute_geometry
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 KV = PageType(PageKind.KV, 0)
 STATE = PageType(PageKind.STATE, 1)

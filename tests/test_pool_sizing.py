@@ -13,7 +13,7 @@ from jenga_sglang.pool.sizing import (
     round_up,
     state_layout,
 )
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 IMG = PageType(PageKind.KV, 0)
 TXT = PageType(PageKind.KV, 1)

@@ -22,8 +22,9 @@ from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.pool import JengaPool, geometry_for_spec
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.memory import CacheMemory, OutOfMemory, Pages, PageType
+from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
 

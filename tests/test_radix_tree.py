@@ -16,7 +16,8 @@ from radix_helpers import (
 
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.eviction import FlopAwareEviction
-from jenga_sglang.radix.memory import ByteBudget, CacheMemory, OutOfMemory, PageKind
+from jenga_sglang.radix.memory import ByteBudget, CacheMemory
+from jenga_sglang.radix.pages import OutOfMemory, PageKind
 from jenga_sglang.radix.tokens import TokenSeq
 
 

@@ -11,7 +11,7 @@ from jenga_sglang.binding.slot_memory import SlotMemory
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 SPEC = hybrid_spec()
 KV = PageType(PageKind.KV, 0)

@@ -49,8 +49,8 @@ from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
-from jenga_sglang.radix.memory import PageKind, Pages, PageType
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import PageKind, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
 _MAX_PLANS = 16_384  # far more requests than a scheduler holds queued and running at once

@@ -25,7 +25,7 @@ from jenga_sglang.pool.layout import PoolLayout, build_layout, sink_size
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.shared import SharedJengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 KV_TYPE = PageType(PageKind.KV, 0)
 STATE_TYPE = PageType(PageKind.STATE, 1)

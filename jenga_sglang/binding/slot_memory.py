@@ -41,7 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jenga_sglang.radix.memory import CacheMemory, IdPages, OutOfMemory, Pages, PageType, Usage
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import IdPages, OutOfMemory, Pages, PageType, Usage
 
 SlotSink = Callable[[PageType, list[int]], None]
 Room = Callable[[PageType], int]  # slots of a type the engine can hand out right now

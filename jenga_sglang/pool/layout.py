@@ -42,7 +42,7 @@ import torch
 
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
 from jenga_sglang.pool.sizing import PoolGeometry, round_up, state_layout
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 
 def torch_dtype(dtype: DType) -> torch.dtype:

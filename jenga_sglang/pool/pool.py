@@ -33,7 +33,8 @@ remainder below one large page. Every hot path is O(1) amortised per page.
 from __future__ import annotations
 
 from jenga_sglang.pool.sizing import PoolGeometry
-from jenga_sglang.radix.memory import CacheMemory, IdPages, OutOfMemory, Pages, PageType, Usage
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import IdPages, OutOfMemory, Pages, PageType, Usage
 
 EMPTY, EVICTABLE, USED = 0, 1, 2
 FREE = -1  # type index of a large page that is not carved

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from jenga_sglang.pool.pool import JengaPool
-from jenga_sglang.radix.memory import IdPages, OutOfMemory, PageType
+from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageType
 
 _OWNER = 0  # SGLang's allocators do not say which request allocates: one owner for all
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from jenga_sglang.models.spec import AttentionGroup, MambaGroup, ModelSpec
-from jenga_sglang.radix.memory import PageKind, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 DEFAULT_ALIGNMENT = 256
 DEFAULT_MAX_RATIO = 64
