@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jenga_sglang.bench import trace_cache
 from jenga_sglang.bench.cost_model import CostModel
 from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats, pack, replay_sequential
@@ -88,8 +89,9 @@ def load_packed(path: str) -> list[PackedRequest]:
 def preload(paths: Sequence[str], jobs: int) -> None:
     """Load and pack several traces into this process's table, `jobs` at a time.
 
-    Parsing is most of a sweep's serial start-up (~3 s per ShareGPT trace), so a fork pool
-    parses the traces side by side and sends the packed requests back.
+    Parsing is most of a sweep's serial start-up (~3 s per ShareGPT trace, unless an earlier
+    load cached it: bench/trace_cache.py), so a fork pool parses the traces side by side and
+    sends the packed requests back.
     """
     todo = [p for p in dict.fromkeys(paths) if str(Path(p).resolve()) not in _TRACES]
     jobs = max(1, min(jobs, len(todo)))
@@ -103,9 +105,16 @@ def preload(paths: Sequence[str], jobs: int) -> None:
 
 
 def _load_fresh(path: str) -> list[PackedRequest]:
-    if not Path(path).is_file():
+    """Parse, validate and pack a trace, or read what an earlier load packed (trace_cache)."""
+    trace = Path(path)
+    if not trace.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
-    return pack(load_trace(path))
+    cached = trace_cache.load(trace)
+    if cached is not None:
+        return cached
+    packed = pack(load_trace(path))
+    trace_cache.store(trace, packed)
+    return packed
 
 
 def build_memory(kind: str, spec: ModelSpec, cache_bytes: int) -> CacheMemory:

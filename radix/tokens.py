@@ -39,6 +39,11 @@ class TokenSeq:
             raise ValueError(f"token ids must be non-negative, got {min(packed)}")
         return cls(packed.tobytes())
 
+    @property
+    def packed(self) -> bytes:
+        """The int32 bytes, as `TokenSeq(packed)` takes them."""
+        return self._b
+
     def __len__(self) -> int:
         return len(self._b) // _ITEM
 
