@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from jenga_sglang.binding.plans import Planned, RequestPlans
 from tests.mamba_session import Session, expected, load_sg, tokens
 
 pytestmark = pytest.mark.sglang
@@ -98,12 +99,12 @@ def test_prompt_end_state_is_captured_after_the_last_chunk(sg: Any) -> None:
 
 
 def test_each_planned_position_is_named_in_turn_and_captured(sg: Any) -> None:
-    """A plan of several positions (learned branch predictions): after each capture the
-    backend names the next one, so the scheduler cuts there too."""
+    """A plan of several positions (the branch point and the prompt end, say): after each
+    capture the backend names the next one, so the scheduler cuts there too."""
     s = Session(sg)
     a = tokens(0, 100)
     req = s.admit(a, 2)
-    s.cache._planned[req.rid] = (30, 50)  # as a trained BranchLearningAdmission would plan
+    s.cache.plans.remember(req.rid, Planned((30, 50)))  # several planned positions
     req.mamba_branching_seqlen = 30
     s.prefill(req, 1, follow_plan=True)
     assert req.mamba_branching_seqlen is None  # nothing planned past 50
@@ -127,11 +128,14 @@ def test_abort_gives_slots_back(sg: Any) -> None:
     s.slots_balance()
 
 
-def test_plans_of_requests_that_never_finish_are_bounded(sg: Any) -> None:
-    from jenga_sglang.binding import backend
-
-    s = Session(sg)
-    for rid in range(backend._MAX_PLANS + 10):  # e.g. aborted while queued: never released
-        s.cache._remember_plan(str(rid), (5,))
-    assert len(s.cache._planned) == backend._MAX_PLANS
-    assert "0" not in s.cache._planned and str(backend._MAX_PLANS + 9) in s.cache._planned
+def test_plans_of_requests_that_never_finish_are_bounded() -> None:
+    plans = RequestPlans(limit=100)
+    for rid in range(110):  # e.g. aborted while queued: never released
+        plans.remember(str(rid), Planned((5,)))
+    assert len(plans) == 100
+    assert "0" not in plans and "109" in plans
+    plans.remember("50", Planned((7,)))  # re-matched: its newest plan, now the youngest
+    for rid in range(110, 199):
+        plans.remember(str(rid), Planned((5,)))
+    assert plans.get("50") == Planned((7,)) and "51" not in plans
+    assert plans.pop("50").positions == (7,) and plans.pop("50") == Planned()
