@@ -139,3 +139,47 @@ def test_plans_of_requests_that_never_finish_are_bounded() -> None:
         plans.remember(str(rid), Planned((5,)))
     assert plans.get("50") == Planned((7,)) and "51" not in plans
     assert plans.pop("50").positions == (7,) and plans.pop("50") == Planned()
+
+
+def _rewriting(s: Session) -> Any:
+    """Session `s`'s jenga policies, set to treat one rewrite as the common case."""
+    admission = s.cache.cache.admission
+    admission.min_samples, admission.min_branch_tokens = 1, 0
+    return s.cache.cache.eviction
+
+
+def test_a_rewriting_request_leaves_an_expendable_tail_without_a_finish_state(sg: Any) -> None:
+    s = Session(sg, admission="jenga")
+    eviction = _rewriting(s)
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    b = a[:40] + tokens(5, 20, base=60)  # rewrites a from position 40 on
+    hit, _ = s.serve(b, [3, 4], cut_at=40)
+    assert hit == 0  # nothing checkpointed at 40 yet: it is captured now
+    assert s.state_positions([*b, 3]) == [40]  # the branch state, none after the last token
+    (tail,) = [n for n in s.cache.cache.tree.nodes() if n.start == 40 and n.key[0] == b[40]]
+    assert eviction.victim() is tail  # expendable: before a's older entries
+    s.slots_balance()
+
+
+def test_the_ghost_names_a_branch_point_the_tree_evicted(sg: Any) -> None:
+    s = Session(sg, admission="jenga")
+    _rewriting(s)
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    s.serve(a[:40] + tokens(5, 20, base=60), [3, 4], cut_at=40)  # learns: rewrites
+    _evict_everything(s)
+    assert s.cached_length(a) == 0
+    c = a[:40] + tokens(5, 10, base=60) + tokens(2, 10, base=90)  # leaves b at 50
+    req = s.admit(c, 2)
+    assert req.prefix_len == 0 and req.mamba_branching_seqlen == 50
+    s.prefill(req, 7, follow_plan=True)
+    s.decode_and_finish(req, c, [7, 8])
+    assert s.state_positions(c) == [50]
+    s.slots_balance()
+
+
+def _evict_everything(s: Session) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    s.cache.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))
