@@ -189,8 +189,8 @@ class JengaEviction(FlopAwareEviction):
 
     * Expendable tails (`expend`): what the admission expects no later request to reuse (the
       part of a rewriting request's sequence past its own branch point). Least recently used
-      first. A hit through one proves the admission wrong: the node rejoins the ordinary
-      order (`revived_expendable` counts those).
+      first. A hit through one, or a state checkpointed at its end, proves the admission
+      wrong: the node rejoins the ordinary order (`revived_expendable` counts those).
     * Abandoned tails (`policies/bypass.py`): what a request left behind when it diverged inside
       a cached sequence, once a control sample shows such tails are not hit again on this
       workload. Least recently used first.
@@ -243,6 +243,8 @@ class JengaEviction(FlopAwareEviction):
         if not self.is_candidate(node):
             self._discard(node)
             return
+        if node.id in self._expended and node.state is not None:
+            self._revive(node)  # a request checkpoints here after all: someone resumes here
         if node.id in self._expended:
             first = self._expendable
         elif self.bypass.goes_first(node):
@@ -288,11 +290,14 @@ class JengaEviction(FlopAwareEviction):
         for node in changed:
             self.update(node)
 
+    def _revive(self, node: Node) -> None:
+        self._expended.discard(node.id)
+        self.revived_expendable += 1
+
     def refresh(self, path: Sequence[Node], now: int) -> None:
         revived = [node for node in path if node.id in self._expended]
         for node in revived:
-            self._expended.discard(node.id)
-        self.revived_expendable += len(revived)
+            self._revive(node)
         self._rerank(self.bypass.hit(path) + revived)
         deepest = path[-1]
         if deepest in self._superseded:

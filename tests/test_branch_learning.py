@@ -236,7 +236,7 @@ def test_a_rewriting_request_s_tail_goes_first_and_keeps_no_finish_state():
     cache.check_integrity()
 
 
-def test_a_hit_through_an_expendable_node_revives_it():
+def test_a_state_checkpointed_on_an_expendable_node_revives_it():
     cache = rewriting_cache()
     policy = cache.eviction
     assert isinstance(policy, JengaEviction)
@@ -247,11 +247,26 @@ def test_a_hit_through_an_expendable_node_revives_it():
     # a request continues request k + 1 at its end (no rewrite this time): state at 23 ...
     cont = seq(0, 20).concat(toks(500, 501, 901, 7, 8))
     cache.serve(cont, toks(902), owner=3)
-    assert tail.state is not None
-    # ... and the next one hits it: the prediction was wrong, the node is ordinary again
-    assert cache.serve(cont.concat(toks(902, 9)), toks(903), owner=4).hit_tokens == 26
-    assert policy.revived_expendable >= 1
+    assert tail.state is not None  # the prediction was wrong: the node is ordinary again
+    assert policy.revived_expendable == 1
     assert policy.victim() is not tail
+    assert cache.serve(cont.concat(toks(902, 9)), toks(903), owner=4).hit_tokens == 26
+    cache.check_integrity()
+
+
+def test_a_hit_through_an_expendable_node_revives_it():
+    cache = rewriting_cache()
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    a = seq(0, 30)
+    cache.serve(a, toks(900), owner=1)  # one leaf [0, 31), its state at 31
+    assert not any(n.end == 10 for n in cache.tree.nodes())
+    cache.tree.chain_below(a.concat(toks(900)), 10)  # a stateless node [0, 10) above it
+    upper = node_ending(cache, 10, 0)
+    policy.expend([upper])
+    assert policy.revived_expendable == 0
+    hit = cache.serve(a.concat(toks(900, 5)), toks(901), owner=2)  # resumes at 31, through it
+    assert hit.hit_tokens == 31 and policy.revived_expendable == 1
     cache.check_integrity()
 
 
