@@ -53,8 +53,7 @@ def held_bytes(reqs: Sequence[PackedRequest], hold: str) -> list[int]:
     spec = marconi_7b()
     if hold == "whole":
         return [
-            (len(r.inp) + len(r.out)) * spec.kv_bytes_per_token + 2 * spec.state_bytes
-            for r in reqs
+            (len(r.inp) + len(r.out)) * spec.kv_bytes_per_token + 2 * spec.state_bytes for r in reqs
         ]
     previous: dict[int, TokenSeq] = {}
     out = []
