@@ -449,8 +449,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 def _will_decode(req: Any) -> bool:
     """Whether the request decodes after its prefill. Its final length is unknown until it
     finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
-    (a prompt-end state is then worth keeping), and learned branch distances are measured from
-    the end of the input."""
+    (a prompt-end state is then worth keeping)."""
     if req is None:
         return False  # a probe match: nothing will be prefilled
     budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
