@@ -12,6 +12,7 @@ from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.tokens import TokenSeq
 
 
 def node_ending(cache: PrefixCache, end: int, first: int) -> Node:
@@ -296,3 +297,30 @@ def test_chain_below_splits_at_the_position_and_refuses_shared_tails():
     assert cache.tree.chain_below(key, 12) == []  # another sequence passes there
     assert cache.tree.chain_below(key, 0) == [] and cache.tree.chain_below(key, 31) == []
     cache.check_integrity()
+
+
+def test_two_caches_on_the_same_agent_stream_make_the_same_decisions():
+    """Tensor-parallel ranks run one cache each: the ghost, the rewrite statistics and the
+    expendable order must be as deterministic as the rest (logical clock, ids, no hashing of
+    objects)."""
+    from jenga_sglang.bench.agent import AgentParams, agent_trace
+    from jenga_sglang.policies.bundles import build_cache, byte_budget
+
+    params = AgentParams(sessions=8, rate=2.0, min_turns=20, max_turns=24, obs_median=60)
+    trace = agent_trace(params)
+    spec = hybrid_spec()
+    logs = []
+    for _ in range(2):
+        cache, _ = build_cache("jenga", spec, byte_budget(spec, 200_000))
+        cache.admission.min_samples = 4  # type: ignore[attr-defined]
+        log = []
+        for i, r in enumerate(trace):
+            served = cache.serve(TokenSeq.of(r.input_tokens), TokenSeq.of(r.output_tokens), i)
+            log.append((served, cache.tree.evicted_nodes, cache.tree.evicted_states))
+        cache.check_integrity()
+        eviction = cache.eviction
+        assert isinstance(eviction, JengaEviction)
+        ghost = cache.admission.ghost_branches  # type: ignore[attr-defined]
+        logs.append((log, ghost, eviction.revived_expendable))
+    assert logs[0] == logs[1]
+    assert logs[0][1] > 0 and logs[0][0][-1][1] > 0  # the ghost and eviction were exercised
