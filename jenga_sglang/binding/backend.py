@@ -131,6 +131,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             states_evicted=self.cache.tree.evicted_states,
             alpha=float(getattr(self.cache.eviction, "alpha", 0.0)),
             pool_bytes=pool,
+            rewriting=bool(getattr(self.cache.admission, "rewriting", False)),
+            ghost_branches=int(getattr(self.cache.admission, "ghost_branches", 0)),
         )
 
     def sync_metrics(self) -> None:
