@@ -98,7 +98,9 @@ class GhostIndex:
                 child = self._split(child, n)
             child.last_use = self._clock
             node, pos = child, pos + n
-        if pos < size:
+        if pos < size and not node.children and node is not self.root:
+            self._grow(node, tokens.slice(pos))  # a continuation of a remembered sequence
+        elif pos < size:
             node = self._add(node, tokens.slice(pos))
         elif not node.children and node is not self.root:
             heapq.heappush(self._leaves, (self._clock, node.id))
@@ -111,6 +113,14 @@ class GhostIndex:
         self._held += len(key)
         heapq.heappush(self._leaves, (self._clock, leaf.id))
         return leaf
+
+    def _grow(self, leaf: _Entry, key: TokenSeq) -> None:
+        """Extend `leaf`'s edge instead of hanging a child on it: a chat session's turns then
+        stay one entry (no trie level per turn, fewer objects to walk and to pickle)."""
+        leaf.key = leaf.key.concat(key)
+        leaf.end += len(key)
+        self._held += len(key)
+        heapq.heappush(self._leaves, (self._clock, leaf.id))
 
     def _split(self, node: _Entry, at: int) -> _Entry:
         """Cut `node`'s edge after `at` tokens; returns the new upper entry."""
