@@ -9,15 +9,20 @@ slot-0 sink.
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from jenga_sglang.bench.cli import main
 from jenga_sglang.bench.cost_model import CostModel
 from jenga_sglang.bench.engine import EngineConfig, replay_engine
+from jenga_sglang.bench.long_batch import MEMORIES
 from jenga_sglang.bench.replay import pack
+from jenga_sglang.bench.runner import RunConfig, run
 from jenga_sglang.bench.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache
@@ -197,3 +202,26 @@ def test_a_pickled_copy_is_detached_from_sglang() -> None:
     copy.free(st, state)
     assert mem.room(kv) == room  # SGLang's allocator never heard of the copy's frees
     conserved(mem)
+
+
+LONG_BATCH = ["long-batch", "--cache-gb", "1.2", "--requests", "3", "--min-input", "20000"]
+LONG_BATCH += ["--max-input", "30000", "--min-output", "2", "--max-output", "9", "--json"]
+
+
+@pytest.mark.sglang
+def test_long_batch_runs_the_four_memories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = str(tmp_path / "batch.jsonl.gz")
+    assert main([*LONG_BATCH, "--check", "--write-trace", trace]) == 0
+    result = json.loads(capsys.readouterr().out)
+    runs = result["runs"]
+    assert list(runs) == list(MEMORIES)
+    ours, theirs = (runs[m]["decode_batch_time_weighted"] for m in ("jenga", "sglang-unified"))
+    assert result["of_unified"] == pytest.approx(ours / theirs)
+    assert runs["sglang-unified"]["moved_bytes"] >= 0
+    assert all("moved_bytes" not in runs[m] for m in MEMORIES if m != "sglang-unified")
+    # The same memory through `replay --mode engine` on the written trace: the same run.
+    record = run(RunConfig(trace, "nemotron-h-8b", 1.2, "sglang-lru", "engine", "sglang-unified"))
+    assert record["makespan_s"] == pytest.approx(runs["sglang-unified"]["makespan_s"])
+    assert record["moved_bytes"] == runs["sglang-unified"]["moved_bytes"]
