@@ -124,6 +124,12 @@ def _title(result: dict[str, Any]) -> str:
     return ": ".join(parts[:2]) + "".join(f", {p}" for p in parts[2:])
 
 
+def _plot_title(result: dict[str, Any]) -> str:
+    keys = (("ratio", "split"), ("of_unified", "unified"), ("of_shared", "bytes"))
+    ratios = [f"/{name} {result[key]:.2f}" for key, name in keys if result[key] is not None]
+    return f"{result['cache_gb']:g} GB: decode batch (jenga {', '.join(ratios)})"
+
+
 def _moves(run: dict[str, Any]) -> int:
     return int(run["moved_kv_pages"] + run["moved_state_pages"])
 
@@ -155,7 +161,7 @@ def plot(results: list[dict[str, Any]], path: str) -> None:
             if split is not None:
                 pool = split[f"{kind}_pool_bytes"] / 1e9
                 right.axhline(pool, color="gray", linestyle=style, lw=0.8)
-        left.set_title(_title(result), fontsize=8)
+        left.set_title(_plot_title(result), fontsize=9)
         right.set_title("bytes held by kind (gray: the split's KV / Mamba pools)")
         left.set_xlabel("simulated time (s)")
         right.set_xlabel("simulated time (s)")
