@@ -125,12 +125,7 @@ class SglangUnifiedMemory(CacheMemory):
             raise ValueError(f"cannot allocate {count} pages")
         if count == 0:
             return IdPages([])
-        ever = (
-            count <= self.kv_room_beside(0)
-            if ptype == self.kv_type
-            else (self.kv_room_beside(count) >= 0)
-        )
-        if not ever:
+        if not self._could_ever_hold(ptype, count):
             raise OutOfMemory(f"{count} {ptype} pages exceed what SGLang's unified pool can hold")
         if not self._evict_until(ptype, lambda: self.room(ptype) >= count):
             raise OutOfMemory(
@@ -143,6 +138,12 @@ class SglangUnifiedMemory(CacheMemory):
         ids: list[int] = got.tolist()
         self._used[ptype].update(ids)
         return IdPages(ids)
+
+    def _could_ever_hold(self, ptype: PageType, count: int) -> bool:
+        """Whether an empty pool could serve the allocation (the contract's early refusal)."""
+        if ptype == self.kv_type:
+            return count <= self.kv_room_beside(0)
+        return self.kv_room_beside(count) >= 0
 
     def _sglang_alloc(self, ptype: PageType, count: int) -> torch.Tensor | None:
         if ptype == self.kv_type:
