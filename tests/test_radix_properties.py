@@ -18,6 +18,7 @@ from radix_helpers import attention_spec, hybrid_spec
 
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
+from jenga_sglang.policies.branching import BranchLearningAdmission
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.pool import JengaPool, geometry_for_spec
@@ -105,6 +106,14 @@ CONFIGS = {
         lambda: SpeculativeAdmission(min_branch_tokens=3),
     ),
     "hybrid-pool-flop": (hybrid_spec, pool_memory, FlopAwareEviction, SpeculativeAdmission),
+    # rewrites count from the first mid-edge divergence: ghost recall and expendable tails on
+    # almost every serve, and a ghost small enough to forget all the time
+    "hybrid-bytes-rewrite": (
+        hybrid_spec,
+        byte_memory,
+        JengaEviction,
+        lambda: BranchLearningAdmission(min_samples=1, min_rate=0.0, window=8, ghost_tokens=40),
+    ),
     "hybrid-pool-blocks": (hybrid_spec, pool_memory, LruEviction, lambda: EveryBlockAdmission(3)),
     "swa-pool-lru": (
         lambda: attention_spec(window=3),
@@ -122,9 +131,12 @@ def test_invariants_hold_after_every_operation(config: str, seed: int) -> None:
     make_spec, make_memory, make_eviction, make_admission = CONFIGS[config]
     spec = make_spec()
     world = World(PrefixCache(spec, make_memory(spec), make_eviction(), make_admission()))
+    ghost = getattr(world.cache.admission, "ghost", None)
     for action in random_ops(random.Random(seed)):
         world.step(action)
         world.cache.check_integrity()
+        if ghost is not None:
+            ghost.check_integrity()
     while world.locked:
         world.cache.tree.unlock(world.locked.pop())
     while world.cache.tree.evict_for(world.cache.tree.kv_types[0]):
