@@ -38,6 +38,11 @@ class EvictionPolicy(ABC):
     #: Weight of FLOP efficiency against recency; 0 means recency only.
     alpha: float = 0.0
 
+    #: Whether the tree may keep a chain of checkpointed nodes inserted together as one node, a
+    #: run (radix/node.py), and evict it from the bottom one segment at a time. Only for a policy
+    #: whose victims are leaves ranked by what every segment of the chain shares (recency, locks).
+    evicts_runs: bool = False
+
     @abstractmethod
     def update(self, node: Node) -> None: ...
 
