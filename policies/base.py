@@ -40,7 +40,8 @@ class EvictionPolicy(ABC):
 
     #: Whether the tree may keep a chain of checkpointed nodes inserted together as one node, a
     #: run (radix/node.py), and evict it from the bottom one segment at a time. Only for a policy
-    #: whose victims are leaves ranked by what every segment of the chain shares (recency, locks).
+    #: whose victims are leaves ranked by what every segment of the chain shares (recency, locks):
+    #: the tree does not call `update` when a segment goes.
     evicts_runs: bool = False
 
     @abstractmethod

@@ -506,7 +506,8 @@ class RadixTree:
         run.key = run.key.slice(0, keep)
         run.end = at
         self.evicted_nodes += 1
-        self.policy.update(run)
+        # No policy update: a policy that evicts runs ranks by what all segments share, none of
+        # which changed (the chain's next leaf up takes the evicted one's place).
 
     def drop_state(self, node: Node) -> None:
         """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
