@@ -41,6 +41,6 @@ class SpecNodeCost(NodeCost):
 
     def bytes_held(self, node: Node) -> int:
         held = self.state_bytes * (len(node.inner) + (node.state is not None))
-        for pages, page_bytes in zip(node.kv, self.kv_page_bytes, strict=True):
-            held += len(pages) * page_bytes
+        for slot, page_bytes in enumerate(self.kv_page_bytes):  # not zip: see tree.py
+            held += len(node.kv[slot]) * page_bytes
         return held

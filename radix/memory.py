@@ -20,16 +20,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.radix.pages import CountPages, OutOfMemory, Pages, PageType, Usage
 
 
-class Evictor(Protocol):
-    """The owner of the cached pages (the tree). Called by the memory when it is short."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Evictor(ABC):
+    """The owner of the cached pages (the tree). Called by the memory when it is short.
 
+    A base class rather than a protocol: compiled (scripts/build_compiled.py), a call through a
+    class is a direct call, through a protocol a generic method look-up, once per victim."""
+
+    @abstractmethod
     def evict_for(self, ptype: PageType) -> bool:
         """Evict at least one cached entry: the eviction policy's next victim.
 
@@ -38,7 +42,6 @@ class Evictor(Protocol):
 
         Returns False when nothing is evictable any more.
         """
-        ...
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

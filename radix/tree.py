@@ -36,7 +36,7 @@ from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
-from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.memory import CacheMemory, Evictor
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.rules import (
@@ -50,7 +50,7 @@ from jenga_sglang.radix.tokens import TokenSeq
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
-class RadixTree:
+class RadixTree(Evictor):
     """Token radix tree with per-group pages, SSM checkpoints, locks and policy-driven eviction."""
 
     def __init__(self, spec: ModelSpec, memory: CacheMemory, policy: EvictionPolicy) -> None:
@@ -165,17 +165,19 @@ class RadixTree:
                 self.policy.update(current)
             current = current.parent
 
+    # Loops over attention groups index `node.kv` rather than zip it with `kv_types`: compiled
+    # (scripts/build_compiled.py), zip(..., strict=True) is a generic call, several times slower.
+
     def _set_pages_used(self, node: Node, used: bool) -> None:
-        mark = self.memory.mark_used if used else self.memory.mark_evictable
-        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
-            if len(pages):
-                mark(ptype, pages)
+        for slot, ptype in enumerate(self.kv_types):
+            if len(node.kv[slot]):
+                _mark(self.memory, ptype, node.kv[slot], used)
         if node.state is not None:
             assert self.state_type is not None
-            mark(self.state_type, node.state)
+            _mark(self.memory, self.state_type, node.state, used)
         for _, state in node.inner:
             assert self.state_type is not None
-            mark(self.state_type, state)
+            _mark(self.memory, self.state_type, state, used)
 
     # ------------------------------------------------------------------ insert
 
@@ -239,10 +241,10 @@ class RadixTree:
                 f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
             )
         span = size - start
-        for group, pages in zip(self.attention, kv, strict=True):
-            ok = len(pages) == span if group.window is None else len(pages) <= span
-            if not ok:
-                raise ValueError(f"group {group.name}: {len(pages)} pages for {span} new tokens")
+        for slot, group in enumerate(self.attention):
+            count = len(kv[slot])
+            if count > span or (group.window is None and count < span):
+                raise ValueError(f"group {group.name}: {count} pages for {span} new tokens")
         for pos, state in states.items():
             if self.state_type is None:
                 raise ValueError("states given but the model has no Mamba group")
@@ -290,7 +292,8 @@ class RadixTree:
         span = len(key) - start
         dup = present - start
         rest: list[Pages] = []
-        for ptype, pages in zip(self.kv_types, kv, strict=True):
+        for slot, ptype in enumerate(self.kv_types):
+            pages = kv[slot]
             dropped = span - len(pages)  # sliding-window tombstones lead the span
             cut = max(0, dup - dropped)
             head, tail = pages.split(cut)
@@ -321,9 +324,9 @@ class RadixTree:
         if self.keeps_runs and cuts:
             inner = tuple((parent.end + at, states[at]) for at in cuts)
             cuts = []
-        for ptype, pages in zip(self.kv_types, kv, strict=True):
-            if len(pages):
-                self.memory.mark_evictable(ptype, pages)
+        for slot, ptype in enumerate(self.kv_types):
+            if len(kv[slot]):
+                self.memory.mark_evictable(ptype, kv[slot])
         leaf_id = self._new_id()
         tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
         chain: list[Node] = []
@@ -382,7 +385,8 @@ class RadixTree:
         """Append `key` and its pages (the caller's, used) to the stateless leaf `node`."""
         if len(kv[0]) != len(key):
             raise AssertionError(f"growing {node!r} by {len(key)} tokens with {len(kv[0])} pages")
-        for slot, (ptype, pages) in enumerate(zip(self.kv_types, kv, strict=True)):
+        for slot, ptype in enumerate(self.kv_types):
+            pages = kv[slot]
             node.kv[slot] = node.kv[slot].concat(pages)
             if node.lock_ref == 0 and len(pages):
                 self.memory.mark_evictable(ptype, pages)
@@ -464,9 +468,9 @@ class RadixTree:
         """Free everything an unlocked leaf holds and remove it (a run: all its segments)."""
         if node is self.root or node.children or node.lock_ref:
             raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
-        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
-            if len(pages):
-                self.memory.free_evictable(ptype, pages)
+        for slot, ptype in enumerate(self.kv_types):
+            if len(node.kv[slot]):
+                self.memory.free_evictable(ptype, node.kv[slot])
         states = [state for _, state in node.inner]
         if node.state is not None:
             states.append(node.state)
@@ -562,6 +566,13 @@ class RadixTree:
     def check_integrity(self) -> None:
         """Assert the invariants in the module docstring (radix/integrity.py)."""
         check_tree(self)
+
+
+def _mark(memory: CacheMemory, ptype: PageType, pages: Pages, used: bool) -> None:
+    if used:
+        memory.mark_used(ptype, pages)
+    else:
+        memory.mark_evictable(ptype, pages)
 
 
 def _share_inner(upper: Node, lower: Node) -> None:
