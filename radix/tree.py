@@ -507,7 +507,7 @@ class RadixTree(Evictor):
             self.evicted_states += 1
         run.state = state
         run.inner = run.inner[:-1]
-        run.key = run.key.slice(0, keep)
+        run.key = run.key.truncated(keep)  # no copy: the key only ever shrinks from here
         run.end = at
         self.evicted_nodes += 1
         # No policy update: a policy that evicts runs ranks by what all segments share, none of

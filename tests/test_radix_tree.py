@@ -310,3 +310,22 @@ def test_leaves_whose_end_is_a_reuse_point_keep_it(spec, states):  # type: ignor
     assert second is not first and second.parent is first
     assert (first.end, second.start, second.end) == (6, 6, 10)
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("size", [0, 1, 4, 7])
+def test_a_truncated_sequence_behaves_like_the_copied_prefix(size: int):
+    """`truncated` shares the bytes of the longer sequence; nothing can tell it from a copy."""
+    full = seq(10, 7)
+    view, copy = full.truncated(size), full.slice(0, size)
+    assert (len(view), view.packed, view.tolist()) == (len(copy), copy.packed, copy.tolist())
+    assert view == copy and hash(view) == hash(copy)
+    assert view.concat(toks(1)) == copy.concat(toks(1))
+    assert view.slice(1) == copy.slice(1) and view.truncated(2) == copy.truncated(2)
+    for other in (full, seq(10, 3).concat(toks(99)), toks()):
+        for offset in (0, 1):
+            assert view.common_prefix(other, offset) == copy.common_prefix(other, offset)
+            assert other.common_prefix(view) == other.common_prefix(copy)
+    if size:
+        assert view[-1] == copy[-1] and view.head(size - 1) == copy.head(size - 1)
+        with pytest.raises(IndexError):
+            view[size]
