@@ -28,7 +28,7 @@ equal recency, and there is none: everything one request touches lies on one roo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 
 from mypy_extensions import mypyc_attr
 
@@ -185,8 +185,8 @@ class RadixTree(Evictor):
         self,
         key: TokenSeq,
         start: int,
-        kv: Sequence[Pages],
-        states: Mapping[int, Pages],
+        kv: list[Pages],
+        states: dict[int, Pages],
         now: int,
         walk: Walk | None = None,
     ) -> Node:
@@ -227,7 +227,7 @@ class RadixTree(Evictor):
         return node
 
     def _validate_insert(
-        self, key: TokenSeq, start: int, kv: Sequence[Pages], states: Mapping[int, Pages]
+        self, key: TokenSeq, start: int, kv: list[Pages], states: dict[int, Pages]
     ) -> None:
         if not isinstance(key, TokenSeq):
             raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
@@ -277,7 +277,7 @@ class RadixTree(Evictor):
             node, pos = child, pos + len(child.key)
         return node
 
-    def _attach_states(self, key: TokenSeq, states: Mapping[int, Pages], now: int) -> None:
+    def _attach_states(self, key: TokenSeq, states: dict[int, Pages], now: int) -> None:
         """Attach checkpoints in one walk down the path (positions ascending)."""
         node, pos = self.root, 0
         for at in sorted(states):
@@ -286,7 +286,7 @@ class RadixTree(Evictor):
             self._attach_state(node, states[at], now)
 
     def _free_duplicates(
-        self, key: TokenSeq, start: int, present: int, kv: Sequence[Pages]
+        self, key: TokenSeq, start: int, present: int, kv: list[Pages]
     ) -> list[Pages]:
         """Free the caller's pages for [start, present) and return those for [present, end)."""
         span = len(key) - start
@@ -308,7 +308,7 @@ class RadixTree(Evictor):
         key: TokenSeq,
         kv: list[Pages],
         now: int,
-        states: Mapping[int, Pages] | None = None,
+        states: dict[int, Pages] | None = None,
     ) -> Node:
         """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
 
@@ -362,7 +362,7 @@ class RadixTree(Evictor):
             self.policy.update(parent)
         return leaf
 
-    def _can_grow(self, node: Node, kv: Sequence[Pages]) -> bool:
+    def _can_grow(self, node: Node, kv: list[Pages]) -> bool:
         """Whether new tokens after `node` extend its edge instead of hanging a child on it.
 
         With a Mamba group a hit ends only at a checkpoint, so the end of a leaf without one
