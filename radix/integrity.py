@@ -25,7 +25,9 @@ def check_tree(tree: RadixTree) -> None:
         held = list(zip(tree.kv_types, node.kv, strict=True))
         if tree.state_type is not None:
             states = [state for _, state in node.inner]
-            held.extend((tree.state_type, s) for s in [*states, node.state] if s is not None)
+            if node.state is not None:
+                states.append(node.state)
+            held += [(tree.state_type, state) for state in states]
         for ptype, pages in held:
             if node.lock_ref == 0:
                 evictable[ptype] += len(pages)

@@ -569,6 +569,7 @@ class RadixTree(Evictor):
 
 
 def _mark(memory: CacheMemory, ptype: PageType, pages: Pages, used: bool) -> None:
+    """Move `pages` to used or to evictable (a direct call, unlike a bound method's)."""
     if used:
         memory.mark_used(ptype, pages)
     else:
