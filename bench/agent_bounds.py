@@ -1,14 +1,20 @@
 """How far can any policy get above LRU on a multi-session trace? Session-level bounds.
 
-A session-level model of the cache: after each request its session holds its whole sequence
-(input + output KV) plus two states, and nothing else is cached (no dead tails, no wasted
-states). A request whose session is held hits what it hits in an unbounded cache (the
-ceiling of speculative admission); one whose session is not held hits at most the shared
-prefix (`shared` tokens). Under a byte budget the model evicts whole sessions, either
+A session-level model of the cache: after each request its session holds what the model
+says, and nothing else is cached (no dead tails, no wasted states). A request whose session
+is held hits what it hits in an unbounded cache (the ceiling of speculative admission); one
+whose session is not held hits at most the shared prefix (`shared` tokens). A session holds
 
-* `lru`: least recently served first (an online rule; with memoryless gaps between a
-  session's requests, evicting at random does about as well), or
-* `belady`: the session whose next request is furthest in the future (clairvoyant).
+* `whole`: its last sequence (input + output KV) plus two states (branch point and end), or
+* `live`: only the prefix its next request can resume from, up to the point where its last
+  request left the sequence before it, plus that one state: what a cache that knows where
+  requests branch (the ghost) and drops what a rewrite will replace (expendable tails)
+  would hold.
+
+Under a byte budget the model evicts whole sessions, either `lru` (least recently served
+first: an online rule; with memoryless gaps between a session's requests, evicting at random
+does about as well) or `belady` (the session whose next request is furthest in the future:
+clairvoyant).
 
 The gap between the tree's LRU and session `lru` is what removing waste can buy online; the
 gap up to `belady` needs knowledge of the future. Also counts, for the tree's `sglang-lru`,
@@ -26,6 +32,7 @@ from jenga_sglang.bench.replay import PackedRequest
 from jenga_sglang.bench.runner import load_packed
 from jenga_sglang.models.presets import marconi_7b
 from jenga_sglang.policies.bundles import build_cache, byte_budget
+from jenga_sglang.radix.tokens import TokenSeq
 
 UNBOUNDED = 10**15
 
@@ -41,22 +48,44 @@ def per_request_hits(reqs: Sequence[PackedRequest], policy: str, cache_bytes: in
     return hits
 
 
-def session_model(
-    reqs: Sequence[PackedRequest], ceiling: Sequence[int], cache_bytes: int, rule: str, shared: int
-) -> float:
+def held_bytes(reqs: Sequence[PackedRequest], hold: str) -> list[int]:
+    """Bytes each request's session holds after it, under `hold` (see the module doc)."""
     spec = marconi_7b()
+    if hold == "whole":
+        return [
+            (len(r.inp) + len(r.out)) * spec.kv_bytes_per_token + 2 * spec.state_bytes for r in reqs
+        ]
+    previous: dict[int, TokenSeq] = {}
+    out = []
+    for r in reqs:
+        before = previous.get(r.session_id)
+        branch = before.common_prefix(r.inp) if before is not None else 0
+        out.append(branch * spec.kv_bytes_per_token + spec.state_bytes)
+        previous[r.session_id] = r.inp.concat(r.out)
+    return out
+
+
+def session_model(
+    reqs: Sequence[PackedRequest],
+    ceiling: Sequence[int],
+    cache_bytes: int,
+    rule: str,
+    shared: int,
+    hold: str = "whole",
+) -> float:
     next_use = [0] * len(reqs)
     seen: dict[int, int] = {}
     for i in range(len(reqs) - 1, -1, -1):
         next_use[i] = seen.get(reqs[i].session_id, len(reqs))
         seen[reqs[i].session_id] = i
+    size = held_bytes(reqs, hold)
     held: dict[int, int] = {}  # session -> bytes
     key: dict[int, int] = {}  # session -> last served (lru) or next request (belady)
     hit = 0
     for i, r in enumerate(reqs):
         s = r.session_id
         hit += ceiling[i] if s in held else min(ceiling[i], shared)
-        held[s] = (len(r.inp) + len(r.out)) * spec.kv_bytes_per_token + 2 * spec.state_bytes
+        held[s] = size[i]
         key[s] = i if rule == "lru" else -next_use[i]
         total = sum(held.values())
         while total > cache_bytes and len(held) > 1:
@@ -89,17 +118,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     total = sum(len(r.inp) for r in reqs)
     ceiling = per_request_hits(reqs, "sglang-lru", UNBOUNDED)
     print(f"ceiling {sum(ceiling) / total:.4f}")
-    print("GB  tree-lru  session-lru  session-belady  misses-after-miss")
+    print("GB  tree-lru  session-lru  session-belady  live-lru  live-belady  misses-after-miss")
     for gb in (float(x) for x in args.cache_gb.split(",")):
         size = int(gb * 1e9)
         tree = per_request_hits(reqs, "sglang-lru", size)
         chained, misses = misses_after_misses(reqs, ceiling, tree)
-        lru = session_model(reqs, ceiling, size, "lru", args.shared)
-        belady = session_model(reqs, ceiling, size, "belady", args.shared)
-        print(
-            f"{gb:g}  {sum(tree) / total:.4f}  {lru:.4f}  {belady:.4f}  {chained}/{misses}",
-            flush=True,
-        )
+        models = [
+            session_model(reqs, ceiling, size, rule, args.shared, hold)
+            for hold in ("whole", "live")
+            for rule in ("lru", "belady")
+        ]
+        figures = "  ".join(f"{m:.4f}" for m in models)
+        print(f"{gb:g}  {sum(tree) / total:.4f}  {figures}  {chained}/{misses}", flush=True)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--memory",
         default="bytes",
-        choices=("bytes", "jenga", "sglang-split"),
-        help="byte budget (Marconi's accounting), the Jenga two-level pool, or SGLang's static "
-        "KV/Mamba split of the budget (--mamba-full-memory-ratio 0.9)",
+        choices=("bytes", "jenga", "sglang-split", "sglang-unified"),
+        help="byte budget (Marconi's accounting), the Jenga two-level pool, SGLang's static "
+        "KV/Mamba split of the budget (--mamba-full-memory-ratio 0.9), or SGLang's "
+        "--enable-unified-memory pool (its real allocators; imports sglang, 15-27 s)",
     )
     p.add_argument(
         "--check",

@@ -301,11 +301,12 @@ class EngineSim:
     def _finish(self, run: _Running) -> None:
         self.running.remove(run)
         req, plan, tree = run.req, run.plan, self.cache.tree
-        if plan.cache_len > run.hit:
-            self._insert(run, plan)
-        else:
+        cached = plan.cache_len > run.hit and self._insert(run, plan)
+        if plan.cache_len <= run.hit:
             self._release_pages(run)
         tree.unlock(run.anchor)
+        seq = req.inp.concat(req.out)
+        self.cache.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
         st = self.stats
         st.requests += 1
         st.input_tokens += len(req.inp)
@@ -317,8 +318,9 @@ class EngineSim:
         if self.tuner is not None:
             self.tuner.after_request(self.cache, req.inp, req.out)
 
-    def _insert(self, run: _Running, plan: CheckpointPlan) -> None:
-        """Hand the request's pages for [hit, cache_len) and its checkpoints to the tree."""
+    def _insert(self, run: _Running, plan: CheckpointPlan) -> bool:
+        """Hand the request's pages for [hit, cache_len) and its checkpoints to the tree;
+        False when its states could not be allocated (its pages are released)."""
         tree, positions = self.cache.tree, plan.positions
         extra = max(0, len(positions) - len(run.states)) if tree.state_type else 0
         try:
@@ -326,7 +328,7 @@ class EngineSim:
         except OutOfMemory:
             self._release_pages(run)
             self.stats.uncached_requests += 1
-            return
+            return False
         keep = plan.cache_len - run.hit
         kv: list[Pages] = []
         for ptype, chunks in zip(tree.kv_types, run.kv, strict=True):
@@ -341,6 +343,7 @@ class EngineSim:
         mapping = dict(zip(positions, states, strict=False))
         tree.insert(key, run.hit, kv, mapping, self.cache.tick())
         run.kv, run.states = [], []
+        return True
 
     def _record(self, decode_batch: int, prefill_tokens: int) -> None:
         used = evictable = 0

@@ -1,7 +1,7 @@
-"""Long-context batch in engine mode: the Jenga pool vs SGLang's static KV/Mamba split.
+"""Long-context batch in engine mode: the Jenga pool vs SGLang's two memory modes.
 
 Jenga §7 (Fig. 15) sends 20 requests of 55k-110k input tokens to an engine at once and compares
-the decode batch each engine sustains. Here both memories face the same workload on one model
+the decode batch each engine sustains. Here every memory faces the same workload on one model
 spec, byte budget, cache policy, cost model and engine configuration, one after the other in one
 process, through the one engine loop (bench/engine.py); only the memory differs:
 
@@ -10,7 +10,12 @@ process, through the one engine loop (bench/engine.py); only the memory differs:
 * `sglang-split`: the slots SGLang 0.5.23 carves from the same budget with
   `--mamba-full-memory-ratio 0.9` (bench/split_memory.py): a request runs only when the KV pool
   holds its tokens *and* the Mamba pool holds its state; otherwise it waits, or the engine
-  retracts the newest request.
+  retracts the newest request;
+* `sglang-unified`: SGLang's `--enable-unified-memory` pool of the same budget, driven through
+  its real allocators on CPU (bench/unified_memory.py): KV and states grow from the two ends
+  of one buffer, its admission and reserve rules, and its compaction, whose moves are counted;
+  it imports sglang (15-27 s), only when selected (`--memories`);
+* `bytes`: one shared byte budget with no pages or pools, the best any unified memory can do.
 
 Workload (`long_context_batch`, seeded): `requests` requests at t = 0, input uniform in
 [min_input, max_input], output uniform in [min_output, max_output], random token ids (no shared
@@ -21,10 +26,12 @@ Reported per memory: average decode batch, time-weighted over decode steps (step
 one decoding request, weighted by their duration) and plain per decode step (Jenga's Fig. 15
 average); TTFT; output throughput; makespan; retractions; and a memory timeline of bytes held by
 KV pages and by SSM states (for the split: against each pool's own size, which shows the side
-that sits idle). The ratio jenga / sglang-split of the time-weighted decode batch is the figure
-checked against the target (>= 1.9x; Jenga reports 1.95x over SGLang).
+that sits idle); for `sglang-unified` also what its compaction moved. The ratio jenga /
+sglang-split of the time-weighted decode batch is the figure checked against the target
+(>= 1.9x; Jenga reports 1.95x over SGLang); `of_unified` and `of_shared` are jenga's batch over
+SGLang's unified pool and over the shared byte budget.
 
-    jenga-bench long-batch [--cache-gb 54,24,18,8] [--plot out/long-batch.png] [--json]
+    jenga-bench long-batch [--cache-gb 54,24,18,8] [--memories jenga,sglang-split] [--json]
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any
 from jenga_sglang.bench.cost_model import CostModel
 from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.replay import PackedRequest
-from jenga_sglang.bench.runner import GB, build_memory, percentile
+from jenga_sglang.bench.runner import GB, build_memory, memory_fields, percentile
 from jenga_sglang.bench.synthetic import make_rng, random_tokens, uniform_len
 from jenga_sglang.bench.trace import Request
 from jenga_sglang.models.spec import ModelSpec
@@ -47,7 +54,7 @@ from jenga_sglang.radix.pages import PageKind
 
 # "bytes" is one shared byte budget with no page or pool structure: what any unified KV/Mamba
 # memory (SGLang's --enable-unified-memory included) can at best reach on the same budget.
-MEMORIES = ("jenga", "sglang-split", "bytes")
+MEMORIES = ("jenga", "sglang-split", "sglang-unified", "bytes")
 TARGET_RATIO = 1.9
 VOCAB = 131_072  # Nemotron-H's vocabulary size; ids only need to be distinct across requests
 TIMELINE_POINTS = 200
@@ -150,7 +157,7 @@ def run_memory(
     memory = build_memory(kind, spec, budget)
     cache, tuner = build_cache(policy, spec, memory)
     stats = replay_engine(requests, cache, tuner, cost, config, check=check)
-    return {"memory": kind, **summarize(stats, memory)}
+    return {"memory": kind, **summarize(stats, memory), **memory_fields(memory)}
 
 
 def compare(
@@ -161,19 +168,27 @@ def compare(
     cost: CostModel,
     config: EngineConfig,
     check: bool = False,
+    memories: Sequence[str] = MEMORIES,
 ) -> dict[str, Any]:
-    """Every memory on one budget; `ratio` = jenga / split time-weighted decode batch, and
-    `of_shared` = jenga / one shared byte budget (1.0: the pool loses nothing to its pages)."""
-    runs = {m: run_memory(m, requests, spec, budget, policy, cost, config, check) for m in MEMORIES}
-    ours, split, shared = (
-        runs[m]["decode_batch_time_weighted"] for m in ("jenga", "sglang-split", "bytes")
-    )
-    ratio = ours / split if split else math.inf
+    """Every memory on one budget. `ratio` = jenga / split time-weighted decode batch (the
+    target's figure), `of_unified` = jenga / SGLang's unified pool, `of_shared` = jenga / one
+    shared byte budget (1.0: the pool loses nothing to its pages); None where one is not run."""
+    runs = {m: run_memory(m, requests, spec, budget, policy, cost, config, check) for m in memories}
+    ratio = _ratio(runs, "sglang-split")
     return {
         "cache_gb": budget / GB,
         "cache_bytes": budget,
         "ratio": ratio,
-        "of_shared": ours / shared if shared else math.inf,
-        "target_met": ratio >= TARGET_RATIO,
+        "of_unified": _ratio(runs, "sglang-unified"),
+        "of_shared": _ratio(runs, "bytes"),
+        "target_met": ratio is not None and ratio >= TARGET_RATIO,
         "runs": runs,
     }
+
+
+def _ratio(runs: dict[str, dict[str, Any]], other: str) -> float | None:
+    """jenga's time-weighted decode batch over `other`'s (inf when `other` never decoded)."""
+    if "jenga" not in runs or other not in runs:
+        return None
+    theirs = runs[other]["decode_batch_time_weighted"]
+    return runs["jenga"]["decode_batch_time_weighted"] / theirs if theirs else math.inf

@@ -31,7 +31,7 @@ from jenga_sglang.radix.memory import CacheMemory
 
 GB = 10**9
 MODES = ("sequential", "engine")
-MEMORIES = ("bytes", "jenga", "sglang-split")
+MEMORIES = ("bytes", "jenga", "sglang-split", "sglang-unified")
 TIMELINE_POINTS = 400
 CDF_POINTS = 101
 
@@ -139,6 +139,10 @@ def build_memory(kind: str, spec: ModelSpec, cache_bytes: int) -> CacheMemory:
         from jenga_sglang.bench.split_memory import split_memory
 
         return split_memory(spec, cache_bytes)
+    if kind == "sglang-unified":  # imports sglang (15-27 s): only when asked for
+        from jenga_sglang.bench.unified_memory import unified_memory
+
+        return unified_memory(spec, cache_bytes)
     raise ValueError(f"unknown memory {kind!r}; known: {', '.join(MEMORIES)}")
 
 
@@ -178,7 +182,15 @@ def run(config: RunConfig) -> dict[str, Any]:
     }
     if isinstance(stats, EngineStats):
         record.update(engine_fields(stats))
+    record.update(memory_fields(memory))
     return record
+
+
+def memory_fields(memory: CacheMemory) -> dict[str, int]:
+    """What the memory itself reports beyond the contract: SGLang's unified pool, what its
+    compaction moved (`moves()`); nothing for the others."""
+    moves = getattr(memory, "moves", None)
+    return dict(moves()) if callable(moves) else {}
 
 
 def _config_fields(config: RunConfig) -> dict[str, Any]:

@@ -16,7 +16,11 @@ Two layouts, both sized by `SglangSplit` (bench/sglang_split.py):
   equal to the spec's shapes and dtypes). As SGLang does, the token side gets the budget minus
   the static split's Mamba slots, and the Mamba side may then grow to the whole buffer.
   Compaction's byte copies, page zeroing and state copy-on-write are skipped (`_skip_*`):
-  nothing reads the contents here, and the buffer (`torch.empty`) is then never paged in.
+  nothing reads the contents here. The copies are counted (bench/sglang_buffer.py: pages and
+  bytes compaction would have moved). The buffer itself is reserved address space and its
+  start-up zeroing is skipped (`sglang_buffer.unpaged_buffers`): SGLang's `torch.empty` +
+  `zero_()` paged the whole budget in (2.8 GB RSS after building a 2 GB pool) and a 54 GB
+  allocation failed outright on a 24 GB machine.
 
 Both need `_server_args()` first (SGLang's global ServerArgs). Importing sglang takes 15-27 s:
 callers import this module only when they build an SGLang cache.
@@ -32,6 +36,7 @@ from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
 from sglang.srt.environ import envs
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+from jenga_sglang.bench.sglang_buffer import forget, record_copy, unpaged_buffers
 from jenga_sglang.bench.sglang_split import SglangSplit
 from jenga_sglang.models.spec import MambaGroup, ModelSpec
 
@@ -159,12 +164,13 @@ def static_pools(
 
 
 def _skip_byte_copy(
-    raw: torch.Tensor, dst_pages: torch.Tensor, src_pages: torch.Tensor, *_: int
+    raw: torch.Tensor, dst_pages: torch.Tensor, src_pages: torch.Tensor, _: int, page_bytes: int
 ) -> None:
-    """Compaction's page copy without the bytes (0.17 s per call on CPU at 2 GB). The replay
-    never reads KV or state contents; the allocator's moves and v2p tables still run."""
+    """Compaction's page copy without the bytes (0.17 s per call on CPU at 2 GB), counted. The
+    replay never reads KV or state contents; the allocator's moves and v2p tables still run."""
     if dst_pages.numel() != src_pages.numel():
         raise ValueError(f"page move of {src_pages.numel()} pages into {dst_pages.numel()}")
+    record_copy(raw, src_pages.numel(), page_bytes)
 
 
 def _skip_zeroing(raw: torch.Tensor, pages: torch.Tensor, *_: int) -> None:
@@ -179,19 +185,44 @@ def _skip_state_copy(self: Any, src_indices: torch.Tensor, dst_indices: torch.Te
 
 
 def unified_pools(
-    spec: ModelSpec, split: SglangSplit, max_context_len: int, extra_buffer: bool = True
+    spec: ModelSpec,
+    split: SglangSplit,
+    max_context_len: int,
+    extra_buffer: bool = True,
+    lazy_compaction: bool = False,
 ) -> Pools:
+    """`lazy_compaction`: SGLang's server default (frees leave holes that an allocation short
+    of room compacts); off, every free compacts at once (SGLANG_DISABLE_LAZY_COMPACTION=1)."""
     from sglang.srt.mem_cache import unified_memory_pool
-    from sglang.srt.mem_cache.unified_memory_pool import init_unified_mamba_pools
 
     unified_memory_pool.copy_pages = _skip_byte_copy
     unified_memory_pool.zero_pages = _skip_zeroing
     unified_memory_pool.UnifiedMambaPool.copy_from = _skip_state_copy
 
+    token_bytes = split.budget_bytes - split.mamba_slots * split.state_bytes
+    token_bytes -= token_bytes % BUFFER_ALIGN
+    with unpaged_buffers(min_bytes=token_bytes):
+        bundle = _init_unified(spec, split, max_context_len, extra_buffer, lazy_compaction)
+    forget(bundle.unified_memory_pool._raw)  # a new buffer may reuse a released one's address
+    allocator = bundle.token_to_kv_pool_allocator
+    # One running request keeps three state slots (live + two track slots); the rest is KV.
+    kv_capacity = (split.budget_bytes - 4 * split.state_bytes) // split.kv_bytes_per_token
+    return Pools(bundle.req_to_token_pool, allocator, min(kv_capacity, allocator.size))
+
+
+def _init_unified(
+    spec: ModelSpec,
+    split: SglangSplit,
+    max_context_len: int,
+    extra_buffer: bool,
+    lazy_compaction: bool,
+) -> Any:
+    from sglang.srt.mem_cache.unified_memory_pool import init_unified_mamba_pools
+
     full, mamba = layer_ids(spec)
     heads, head_dim = _kv_heads(spec)
     token_bytes = split.budget_bytes - split.mamba_slots * split.state_bytes
-    bundle = init_unified_mamba_pools(
+    return init_unified_mamba_pools(
         device="cpu",
         kv_cache_dtype=torch.bfloat16,
         head_num=heads,
@@ -215,9 +246,6 @@ def unified_pools(
         speculative_num_draft_tokens=None,
         disable_overlap_schedule=not extra_buffer,
         need_sort=False,
+        lazy_compaction=lazy_compaction,
         unified_total_bytes=token_bytes - token_bytes % BUFFER_ALIGN,
     )
-    allocator = bundle.token_to_kv_pool_allocator
-    # One running request keeps three state slots (live + two track slots); the rest is KV.
-    kv_capacity = (split.budget_bytes - 4 * split.state_bytes) // split.kv_bytes_per_token
-    return Pools(bundle.req_to_token_pool, allocator, min(kv_capacity, allocator.size))

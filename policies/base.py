@@ -17,6 +17,7 @@ from jenga_sglang.radix.node import Node
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.match import Walk
+    from jenga_sglang.radix.tokens import TokenSeq
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -62,6 +63,11 @@ class EvictionPolicy(ABC):
     def observe(self, walk: Walk) -> None:  # noqa: B027 - optional hook
         """A request's raw walk (where it leaves the tree), before anything is inserted."""
 
+    def expend(self, nodes: Sequence[Node]) -> None:  # noqa: B027 - optional hook
+        """The admission expects no later request to reuse `nodes` (a just-cached chain down
+        to a leaf): a policy may evict them before anything else. A later hit through one of
+        them proves it wrong; the default keeps them in the ordinary order."""
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class NodeCost(ABC):
@@ -83,11 +89,17 @@ class CheckpointPlan:
 
     `prefill_at` are captured during prefill (positions in (hit, len(input)]); `finish_at` after
     the last decoded token. `cache_len` is how many tokens of input + output the tree keeps.
+    The tree keeps [expendable_from, cache_len) too, but the admission expects no later
+    request to reuse it, so the eviction policy may drop it before anything else:
+
+        0 ...... branch = expendable_from ........................ cache_len
+        |-- reused by the next request --|-- expendable (evicted first) --|
     """
 
     prefill_at: tuple[int, ...] = ()
     finish_at: tuple[int, ...] = ()
     cache_len: int = 0
+    expendable_from: int | None = None
     notes: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
@@ -102,7 +114,17 @@ class AdmissionPolicy(ABC):
     @abstractmethod
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         """Plan for a request whose input has `input_len` tokens and whose input + output has
-        `total_len`. `branch` says where the input leaves the tree (speculative insertion)."""
+        `total_len`. `branch` says where the input leaves the tree (speculative insertion), or
+        what `recall` made of that."""
+
+    def recall(self, tokens: TokenSeq, branch: Branch) -> Branch:
+        """The branch to plan `tokens` with, given where they leave the tree. A policy that
+        remembers sequences the tree has evicted may return a deeper one; by default the
+        tree's."""
+        return branch
+
+    def finished(self, tokens: TokenSeq) -> None:  # noqa: B027 - optional hook
+        """A request is done: `tokens` is its input + output (cached or not)."""
 
 
 class Branch(NamedTuple):

@@ -1,60 +1,74 @@
-"""Admission that learns where the next request will leave a freshly computed sequence.
+"""Admission for workloads that rewrite their own history: ghost branch points, expendable tails.
 
 Speculative insertion checkpoints the point where a request leaves the tree. That serves the
-requests that come back to exactly that point (a chat's next turn continues at the previous
-sequence's end). Agent scaffolds that rewrite their history (SWE-agent elides the observation
-from 5 turns back) send a next request that shares the previous sequence only up to a point
-some way *before its end*: that point has no checkpoint, so the next request resumes from the
-last one that exists. When the previous request found most of its prefix in the tree, that
-is its own branch point, one turn earlier: a small loss. When it found nothing (its session
-was evicted), the only checkpoints are its end and the shared system prompt, and the next
-request misses almost everything too: one eviction costs two requests.
+requests that come back to exactly that point: a chat's next turn continues at the end of the
+previous sequence. Agent scaffolds that rewrite their history (SWE-agent elides the observation
+from 5 turns back) send a next request that leaves the previous sequence in its middle, just
+past the point where the previous request itself left *its* predecessor:
 
-`BranchLearningAdmission` measures, for every request that leaves a cached sequence in the
-middle of an edge, how far before that sequence's end it left it (`Branch.tail`). Once such
-divergences are the common case (at least `min_rate` of the recent requests that extended a
-cached sequence, against those that continued exactly at its end) it checkpoints a
-request whose prefill is longer than what divergences usually skip at the positions
-`total_len - q` for a few quantiles q of the learned tail lengths: the next request then
-resumes from the nearest one below its branch point. Chat workloads, whose requests continue
-at the end of the previous sequence, never reach `min_rate` and get plain speculative
-admission. Nothing here knows about agents or sessions: only branch positions are observed.
+    request k:      [shared | history ......... b_k | rewritten part ............ end_k]
+    request k + 1:  [shared | history ......... b_k ... b_k+1 | rewritten part ... end_k+1]
+                                                 ^ resumes from the state at b_k
+
+Two things follow, and `BranchLearningAdmission` acts on both.
+
+1. **Ghost branch points.** Once request k's pages are evicted the tree no longer holds its
+   tokens, so request k + 1 seems to leave the tree at the shared prompt: no state is captured
+   at b_k+1 and request k + 2 misses too. A `GhostIndex` (radix/ghost.py) remembers the
+   token ids of recently finished sequences; `recall` plans with the ghost's branch point
+   when it lies deeper than the tree's, in the middle of a remembered sequence or at a
+   junction of several, so the state is captured exactly there.
+2. **Expendable tails.** Everything of request k past b_k is what request k + 1 rewrites:
+   nobody resumes from it, yet it holds thousands of tokens of KV and a state after the last
+   decoded token. A request that left a (real or ghost) sequence mid-edge gets a plan whose
+   part past its branch point is expendable (the eviction policy drops it first) and keeps
+   no state after its last decoded token. The ghost is what makes that safe: the next
+   request finds its own branch point there, not in the evicted tail.
+
+Both apply only once rewrites are the common case.
+
+What is learned: for each request that extends a cached or remembered sequence, whether it
+continued at that sequence's end (tail 0: chat) or left it mid-edge (`Branch.tail` > 0).
+Rewrites are the common case once at least `min_rate` of the last `window` such requests, and
+at least `min_samples`, left mid-edge. Divergences after fewer than `min_branch_tokens` shared
+tokens do not count: a new conversation leaving another one after the chat template's opening
+tokens has not rewritten anything. Chat workloads never reach `min_rate`, so their plans stay
+those of speculative admission. Nothing here knows about agents or sessions: only branch
+positions are observed.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.base import Branch, CheckpointPlan
+from jenga_sglang.radix.ghost import GhostIndex
+from jenga_sglang.radix.tokens import TokenSeq
+
+#: Default ghost capacity: 4M token ids, 16 MB of host memory.
+GHOST_TOKENS = 1 << 22
 
 
 class BranchLearningAdmission(SpeculativeAdmission):
-    """Speculative admission plus checkpoints where the next request is likely to branch.
+    """Speculative admission that remembers evicted sequences' branch points and, for
+    rewriting workloads, marks what a rewriting request leaves past its branch point
+    expendable.
 
-    * `window`: recent requests that extended a cached sequence, the statistics' sample.
+    * `window`: recent requests that extended a cached or remembered sequence, the sample.
     * `min_rate`: share of those that must have left it mid-edge rather than at its end.
-    * `min_samples`: tail lengths needed before any prediction.
-    * `quantiles`: tail quantiles that become checkpoints (at most one state each).
-    * `gate`: only a request whose prefilled span exceeds this quantile of the tails gets
-      them; a request that resumed near its own branch point already has the checkpoint the
-      next one needs (its speculative branch checkpoint).
-    * `min_gap`: tokens between two checkpoints (and above the deepest existing one); the
-      bundle passes a state's KV-equivalent tokens: closer, a state saves less than it weighs.
-    * `prompt_end`: as `SpeculativeAdmission`'s (the server's default).
+    * `min_samples`: mid-edge divergences needed before plans mark anything expendable.
+    * `ghost_tokens`: token ids the ghost index remembers (0: no ghost).
+    * `min_branch_tokens`, `prompt_end`: as `SpeculativeAdmission`'s.
     """
 
     def __init__(
         self,
         min_branch_tokens: int = 0,
-        min_gap: int = 1,
         window: int = 256,
         min_rate: float = 0.5,
         min_samples: int = 32,
-        quantiles: Sequence[float] = (0.25, 0.5, 0.75, 0.9),
-        gate: float = 0.75,
+        ghost_tokens: int = GHOST_TOKENS,
         prompt_end: bool = False,
     ) -> None:
         super().__init__(
@@ -63,76 +77,74 @@ class BranchLearningAdmission(SpeculativeAdmission):
             short_branch_fanout=2,
             prompt_end=prompt_end,
         )
-        if window < 1 or min_samples < 1 or min_gap < 1 or not 0 <= min_rate <= 1:
+        if window < 1 or min_samples < 1 or not 0 <= min_rate <= 1 or ghost_tokens < 0:
             raise ValueError(
-                f"need window, min_samples, min_gap >= 1 and 0 <= min_rate <= 1, got {window}, "
-                f"{min_samples}, {min_gap}, {min_rate}"
+                f"need window, min_samples >= 1, 0 <= min_rate <= 1 and ghost_tokens >= 0, got "
+                f"{window}, {min_samples}, {min_rate}, {ghost_tokens}"
             )
-        if not all(0 <= q <= 1 for q in (*quantiles, gate)):
-            raise ValueError(f"quantiles and gate must lie in [0, 1], got {quantiles}, {gate}")
-        self.min_gap = min_gap
         self.min_rate = min_rate
         self.min_samples = min_samples
-        self.quantiles = tuple(sorted(quantiles))
-        self.gate = gate
-        # one entry per recent request that extended a cached sequence: its tail (0: at the end)
-        self._recent: deque[int] = deque(maxlen=window)
-        self._tails: list[int] = []  # the positive entries of _recent, sorted (kept as it moves)
+        self.ghost = GhostIndex(ghost_tokens) if ghost_tokens else None
+        # one entry per recent request that extended a sequence: did it leave it mid-edge?
+        self._recent: deque[bool] = deque(maxlen=window)
+        self._mid_edge = 0  # True entries in _recent
+        self.ghost_branches = 0  # plans made with a ghost branch point
+
+    # ------------------------------------------------------------------ learning
 
     def observe(self, branch: Branch) -> None:
-        """Record a request that found a cached sequence it extends: it either continues at
-        that sequence's end (a leaf end, fanout 0: tail 0) or leaves it mid-edge (tail > 0).
-        Other requests (left the tree at a shared junction: their own history was not cached)
-        say nothing about where requests branch and are not counted, nor are divergences
-        after fewer than `min_branch_tokens` shared tokens: a new conversation leaving another
-        one after the chat template's opening tokens is not a rewrite of its own history."""
+        """Record a request that extends a sequence: it either continues at that sequence's
+        end (a leaf end, fanout 0: tail 0) or leaves it mid-edge (tail > 0). Other requests
+        (left at a junction of several sequences) say nothing about rewrites and are not
+        counted, nor are divergences after fewer than `min_branch_tokens` shared tokens."""
         if branch.tail > 0:
             if branch.length >= self.min_branch_tokens:
-                self._record(branch.tail)
+                self._record(True)
         elif branch.at_node_end and branch.fanout == 0 and branch.length > 0:
-            self._record(0)
+            self._record(False)
 
-    def _record(self, tail: int) -> None:
+    def _record(self, mid_edge: bool) -> None:
         recent = self._recent
-        if len(recent) == recent.maxlen and recent[0] > 0:  # about to drop out of the window
-            del self._tails[bisect_left(self._tails, recent[0])]
-        recent.append(tail)
-        if tail > 0:
-            insort(self._tails, tail)
+        if len(recent) == recent.maxlen and recent[0]:  # about to drop out of the window
+            self._mid_edge -= 1
+        recent.append(mid_edge)
+        self._mid_edge += mid_edge
 
-    def predicted_tails(self) -> list[int] | None:
-        """Learned tail lengths (sorted), or None while mid-edge divergences are not common."""
-        tails = self._tails
-        if len(tails) < self.min_samples or len(tails) < self.min_rate * len(self._recent):
-            return None
-        return list(tails)
+    @property
+    def rewriting(self) -> bool:
+        """Whether leaving the extended sequence mid-edge is the common case."""
+        mid = self._mid_edge
+        return mid >= self.min_samples and mid >= self.min_rate * len(self._recent)
+
+    # ------------------------------------------------------------------ the hooks
+
+    def recall(self, tokens: TokenSeq, branch: Branch) -> Branch:
+        """Once rewrites are the common case, the ghost's branch point where it is deeper than
+        the tree's and lies in the middle of a remembered sequence or at a junction of
+        several; else the tree's. (In chat workloads ghost branch points are mostly where
+        two conversations drift apart, and a state there rarely pays off: on the ShareGPT
+        grid, recalling them always cost 0.5% of the mean hit rate.)"""
+        if self.ghost is None or not self.rewriting:
+            return branch
+        ghost = self.ghost.branch(tokens)
+        if ghost.length <= branch.length or (ghost.at_node_end and ghost.fanout == 0):
+            return branch
+        self.ghost_branches += 1
+        return ghost
+
+    def finished(self, tokens: TokenSeq) -> None:
+        if self.ghost is not None:
+            self.ghost.remember(tokens)
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         self.observe(branch)
         plan = super().plan(branch, input_len, total_len, hit_len)
-        tails = self.predicted_tails()
-        if tails is None or branch.tail > 0:
-            # A request that left a cached sequence mid-edge has its branch checkpoint, and a
-            # rewriting workload branches next just past it (it rewrites the following piece
-            # of the same history): states further down would be skipped.
+        at = branch.length
+        if self.ghost is None or branch.tail == 0 or at < self.min_branch_tokens:
+            return plan  # without a ghost, the next request needs this tail to find its branch
+        if not self.rewriting:
             return plan
-        # The prompt-end state (if planned) ends the prefill; predictions go above the deepest
-        # state below it and keep `min_gap` from every planned state.
-        below_end = [p for p in plan.prefill_at if p < input_len]
-        base = max((hit_len, *below_end))
-        if input_len - base <= _quantile(tails, self.gate):
-            return plan
-        extra: list[int] = []
-        for q in reversed(self.quantiles):  # shallowest position first
-            at = total_len - _quantile(tails, q)
-            spaced = all(abs(at - e) >= self.min_gap for e in (*extra, *plan.prefill_at))
-            if base + self.min_gap <= at <= input_len and spaced:
-                extra.append(at)
-        if not extra:
-            return plan
-        prefill = tuple(sorted({*plan.prefill_at, *extra}))
-        return CheckpointPlan(prefill, plan.finish_at, plan.cache_len, {"predicted": len(extra)})
-
-
-def _quantile(sorted_values: Sequence[int], q: float) -> int:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+        # The next request resumes from the branch checkpoint and rewrites what follows:
+        # no state past it, and the tokens past it go first.
+        kept = tuple(p for p in plan.prefill_at if p <= at)
+        return CheckpointPlan(kept, (), plan.cache_len, at, {"expendable": plan.cache_len - at})

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
-from jenga_sglang.policies.branching import BranchLearningAdmission
+from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
@@ -46,13 +46,17 @@ def _every_block(spec: ModelSpec) -> AdmissionPolicy:
     return EveryBlockAdmission()
 
 
-def jenga_admission(spec: ModelSpec, prompt_end: bool = False) -> AdmissionPolicy:
-    """The jenga bundle's admission: speculative, short branches only where popular, plus
-    checkpoints where the next request is learned to branch (`policies/branching.py`); with
-    `prompt_end` (the server's default) also the state at the end of each input."""
+def jenga_admission(
+    spec: ModelSpec, prompt_end: bool = False, ghost_tokens: int = GHOST_TOKENS
+) -> AdmissionPolicy:
+    """The jenga bundle's admission: speculative, short branches only where popular, branch
+    points of evicted sequences recalled from a ghost index, and expendable tails once
+    requests rewrite their history (`policies/branching.py`); with `prompt_end` (the server's
+    default) also the state at the end of each input."""
     return BranchLearningAdmission(
         min_branch_tokens=min_branch_tokens(spec),
-        min_gap=max(1, min_branch_tokens(spec, 1.0)),
+        # without SSM states a hit ends anywhere: no branch point needs a checkpoint
+        ghost_tokens=ghost_tokens if spec.has_mamba else 0,
         prompt_end=prompt_end,
     )
 

@@ -185,10 +185,15 @@ class FlopAwareEviction(EvictionPolicy):
 
 
 class JengaEviction(FlopAwareEviction):
-    """FLOP-aware eviction that first drops abandoned tails, then superseded checkpoints.
+    """FLOP-aware eviction that first drops expendable and abandoned tails, then superseded
+    checkpoints.
 
     Candidates are unlocked leaves and unlocked inner nodes holding a state.
 
+    * Expendable tails (`expend`): what the admission expects no later request to reuse (the
+      part of a rewriting request's sequence past its own branch point). Least recently used
+      first. A hit through one, or a state checkpointed at its end, proves the admission
+      wrong: the node rejoins the ordinary order (`revived_expendable` counts those).
     * Abandoned tails (`policies/bypass.py`): what a request left behind when it diverged inside
       a cached sequence, once a control sample shows such tails are not hit again on this
       workload. Least recently used first.
@@ -209,6 +214,9 @@ class JengaEviction(FlopAwareEviction):
         super().__init__(alpha)
         self._superseded = FirstRanked()
         self._abandoned = FirstRanked()
+        self._expendable = FirstRanked()
+        self._expended: set[int] = set()  # ids of expendable nodes still in the tree
+        self.revived_expendable = 0
         self.bypass = BypassLearner()
         self._trusted = False  # the bypass rule the current ranking reflects
 
@@ -238,27 +246,41 @@ class JengaEviction(FlopAwareEviction):
         if not self.is_candidate(node):
             self._discard(node)
             return
-        if self.bypass.goes_first(node):
-            first, other = self._abandoned, self._superseded
+        if node.id in self._expended and node.state is not None:
+            self._revive(node)  # a request checkpoints here after all: someone resumes here
+        if node.id in self._expended:
+            first = self._expendable
+        elif self.bypass.goes_first(node):
+            first = self._abandoned
         elif self.is_superseded(node):
-            first, other = self._superseded, self._abandoned
+            first = self._superseded
         else:
+            self._expendable.discard(node)
             self._abandoned.discard(node)
             self._superseded.discard(node)
             self._rank(node)
             return
-        other.discard(node)
+        for order in (self._expendable, self._abandoned, self._superseded):
+            if order is not first:
+                order.discard(node)
         self._unrank(node)
         first.put(node, node.last_access)
 
     def remove(self, node: Node) -> None:
         self.bypass.removed(node)  # the node leaves the tree
+        self._expended.discard(node.id)
         self._discard(node)
 
     def _discard(self, node: Node) -> None:
+        self._expendable.discard(node)
         self._abandoned.discard(node)
         self._superseded.discard(node)
         self._unrank(node)
+
+    def expend(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            self._expended.add(node.id)
+            self.update(node)
 
     def observe(self, walk: Walk) -> None:
         self._rerank(self.bypass.observe(walk))
@@ -271,8 +293,15 @@ class JengaEviction(FlopAwareEviction):
         for node in changed:
             self.update(node)
 
+    def _revive(self, node: Node) -> None:
+        self._expended.discard(node.id)
+        self.revived_expendable += 1
+
     def refresh(self, path: Sequence[Node], now: int) -> None:
-        self._rerank(self.bypass.hit(path))
+        revived = [node for node in path if node.id in self._expended]
+        for node in revived:
+            self._revive(node)
+        self._rerank(self.bypass.hit(path) + revived)
         deepest = path[-1]
         if deepest in self._superseded:
             deepest.last_access = now
@@ -284,7 +313,7 @@ class JengaEviction(FlopAwareEviction):
             self.update(parent)  # a hit below may have just superseded the parent's state
 
     def victim(self) -> Node | None:
-        for order in (self._abandoned, self._superseded):
+        for order in (self._expendable, self._abandoned, self._superseded):
             first = order.first()
             if first is not None:
                 return first

@@ -14,7 +14,7 @@ from mypy_extensions import mypyc_attr
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
 from jenga_sglang.policies.cost import SpecNodeCost
-from jenga_sglang.radix.match import MatchResult
+from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
@@ -66,7 +66,18 @@ class PrefixCache:
         return result
 
     def plan(self, tokens: TokenSeq, result: MatchResult, total_len: int) -> CheckpointPlan:
-        return self.admission.plan(result.walk.branch(), len(tokens), total_len, result.length)
+        branch = self.admission.recall(tokens, result.walk.branch())
+        return self.admission.plan(branch, len(tokens), total_len, result.length)
+
+    def finish(self, seq: TokenSeq, cached_len: int, expendable_from: int | None) -> None:
+        """A request is done (`seq` = input + output, of which the tree got the first
+        `cached_len` tokens): hand the cached part past `expendable_from` (its plan's) to the
+        eviction policy, and let the admission remember the sequence."""
+        if expendable_from is not None and expendable_from < cached_len:
+            chain = self.tree.chain_below(seq.slice(0, cached_len), expendable_from)
+            if chain:
+                self.eviction.expend(chain)
+        self.admission.finished(seq)
 
     def allocate_kv(self, count: int, owner: int) -> list[Pages]:
         """Pages for `count` tokens in every attention group; all or nothing."""
@@ -105,8 +116,21 @@ class PrefixCache:
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
         scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
-        if plan.cache_len == 0:
-            return ServeResult(*scored, cached=False)
+        cached = plan.cache_len > 0 and self._insert(seq, walk, plan, positions, now, owner)
+        self.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
+        return ServeResult(*scored, cached=cached)
+
+    def _insert(
+        self,
+        seq: TokenSeq,
+        walk: Walk,
+        plan: CheckpointPlan,
+        positions: tuple[int, ...],
+        now: int,
+        owner: int,
+    ) -> bool:
+        """Allocate the pages `plan` needs beyond what `walk` found and insert; False when they
+        do not fit."""
         key = seq.slice(0, plan.cache_len)
         walk = walk.prefix(plan.cache_len)
         anchor = walk.path[-1] if walk.path else None
@@ -121,11 +145,11 @@ class PrefixCache:
                 raise
         except OutOfMemory:
             self.tree.unlock(anchor)
-            return ServeResult(*scored, cached=False)
+            return False
         mapping = dict(zip(positions, states, strict=True))
         self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
         self.tree.unlock(anchor)
-        return ServeResult(*scored, cached=True)
+        return True
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()

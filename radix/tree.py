@@ -277,6 +277,22 @@ class RadixTree(Evictor):
             node, pos = child, pos + len(child.key)
         return node
 
+    def chain_below(self, key: TokenSeq, at: int) -> list[Node]:
+        """The nodes holding `key`'s tokens [at, len(key)), top-down, when nothing else passes
+        there (each has one child, the last is a leaf ending at len(key)); else []. The node
+        holding position `at` is split so that a node starts exactly there. The tree must
+        hold all of `key` (it was just inserted)."""
+        if not 0 < at < len(key):
+            return []
+        node = self._descend_splitting(key, at)
+        chain: list[Node] = []
+        while node.end < len(key):
+            if chain and len(node.children) != 1:
+                return []
+            node = node.children[key.head(node.end)]
+            chain.append(node)
+        return chain if chain and not chain[-1].children else []
+
     def _attach_states(self, key: TokenSeq, states: dict[int, Pages], now: int) -> None:
         """Attach checkpoints in one walk down the path (positions ascending)."""
         node, pos = self.root, 0

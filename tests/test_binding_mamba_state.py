@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from jenga_sglang.binding.plans import Planned, RequestPlans
 from tests.mamba_session import Session, expected, load_sg, tokens
 
 pytestmark = pytest.mark.sglang
@@ -98,12 +99,12 @@ def test_prompt_end_state_is_captured_after_the_last_chunk(sg: Any) -> None:
 
 
 def test_each_planned_position_is_named_in_turn_and_captured(sg: Any) -> None:
-    """A plan of several positions (learned branch predictions): after each capture the
-    backend names the next one, so the scheduler cuts there too."""
+    """A plan of several positions (the branch point and the prompt end, say): after each
+    capture the backend names the next one, so the scheduler cuts there too."""
     s = Session(sg)
     a = tokens(0, 100)
     req = s.admit(a, 2)
-    s.cache._planned[req.rid] = (30, 50)  # as a trained BranchLearningAdmission would plan
+    s.cache.plans.remember(req.rid, Planned((30, 50)))  # several planned positions
     req.mamba_branching_seqlen = 30
     s.prefill(req, 1, follow_plan=True)
     assert req.mamba_branching_seqlen is None  # nothing planned past 50
@@ -127,11 +128,58 @@ def test_abort_gives_slots_back(sg: Any) -> None:
     s.slots_balance()
 
 
-def test_plans_of_requests_that_never_finish_are_bounded(sg: Any) -> None:
-    from jenga_sglang.binding import backend
+def test_plans_of_requests_that_never_finish_are_bounded() -> None:
+    plans = RequestPlans(limit=100)
+    for rid in range(110):  # e.g. aborted while queued: never released
+        plans.remember(str(rid), Planned((5,)))
+    assert len(plans) == 100
+    assert "0" not in plans and "109" in plans
+    plans.remember("50", Planned((7,)))  # re-matched: its newest plan, now the youngest
+    for rid in range(110, 199):
+        plans.remember(str(rid), Planned((5,)))
+    assert plans.get("50") == Planned((7,)) and "51" not in plans
+    assert plans.pop("50").positions == (7,) and plans.pop("50") == Planned()
 
-    s = Session(sg)
-    for rid in range(backend._MAX_PLANS + 10):  # e.g. aborted while queued: never released
-        s.cache._remember_plan(str(rid), (5,))
-    assert len(s.cache._planned) == backend._MAX_PLANS
-    assert "0" not in s.cache._planned and str(backend._MAX_PLANS + 9) in s.cache._planned
+
+def _rewriting(s: Session) -> Any:
+    """Session `s`'s jenga policies, set to treat one rewrite as the common case."""
+    admission = s.cache.cache.admission
+    admission.min_samples, admission.min_branch_tokens = 1, 0
+    return s.cache.cache.eviction
+
+
+def test_a_rewriting_request_leaves_an_expendable_tail_without_a_finish_state(sg: Any) -> None:
+    s = Session(sg, admission="jenga")
+    eviction = _rewriting(s)
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    b = a[:40] + tokens(5, 20, base=60)  # rewrites a from position 40 on
+    hit, _ = s.serve(b, [3, 4], cut_at=40)
+    assert hit == 0  # nothing checkpointed at 40 yet: it is captured now
+    assert s.state_positions([*b, 3]) == [40]  # the branch state, none after the last token
+    (tail,) = [n for n in s.cache.cache.tree.nodes() if n.start == 40 and n.key[0] == b[40]]
+    assert eviction.victim() is tail  # expendable: before a's older entries
+    s.slots_balance()
+
+
+def test_the_ghost_names_a_branch_point_the_tree_evicted(sg: Any) -> None:
+    s = Session(sg, admission="jenga")
+    _rewriting(s)
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    s.serve(a[:40] + tokens(5, 20, base=60), [3, 4], cut_at=40)  # learns: rewrites
+    _evict_everything(s)
+    assert s.cached_length(a) == 0
+    c = a[:40] + tokens(5, 10, base=60) + tokens(2, 10, base=90)  # leaves b at 50
+    req = s.admit(c, 2)
+    assert req.prefix_len == 0 and req.mamba_branching_seqlen == 50
+    s.prefill(req, 7, follow_plan=True)
+    s.decode_and_finish(req, c, [7, 8])
+    assert s.state_positions(c) == [50]
+    s.slots_balance()
+
+
+def _evict_everything(s: Session) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    s.cache.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))

@@ -68,6 +68,32 @@ def test_series_move_with_hits_checkpoints_and_evictions(sg: Any) -> None:
     assert _value("jenga:eviction_alpha", labels) == s.cache.cache.eviction.alpha
 
 
+def test_rewriting_and_ghost_branch_points_are_exported(sg: Any) -> None:
+    """The backend's snapshot carries the admission's rewrite mode and ghost branch points,
+    and the exporter publishes them (a second metered cache cannot be built in one process:
+    SGLang's own collector registers once, so this one syncs by hand)."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    from jenga_sglang.binding.metrics import JengaMetrics
+
+    s = Session(sg, admission="jenga")
+    admission = s.cache.cache.admission
+    admission.min_samples, admission.min_branch_tokens = 1, 0  # one rewrite is enough here
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    assert not s.cache.snapshot().rewriting
+    b = a[:40] + tokens(5, 20, base=60)
+    s.serve(b, [3, 4], cut_at=40)  # leaves a at 40: rewrites are now the common case
+    s.cache.evict(EvictParams(num_tokens=10**6, mamba_num=10**6))
+    s.serve(b[:50] + tokens(2, 10, base=90), [7, 8])  # leaves the evicted b at 50
+    snap = s.cache.snapshot()
+    assert snap.rewriting and snap.ghost_branches == 1
+    labels = {"cache_type": "JengaRadixCache", "tp_rank": "7", "pp_rank": "0", "dp_rank": "0"}
+    JengaMetrics(labels).sync(snap)
+    assert _value("jenga:rewriting", labels) == 1
+    assert _value("jenga:ghost_branch_points_total", labels) == 1
+
+
 def test_families_registered_once_per_process(sg: Any) -> None:
     """A second cache in the process (SGLang builds one per scheduler) reuses the families."""
     from jenga_sglang.binding.metrics import JengaMetrics

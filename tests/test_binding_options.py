@@ -16,6 +16,7 @@ from jenga_sglang.binding.options import (
     options_from_namespace,
 )
 from jenga_sglang.models import preset_config
+from jenga_sglang.policies.branching import GHOST_TOKENS
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -39,6 +40,15 @@ def test_defaults_and_values() -> None:
     off = _parse("--enable-jenga", "--no-jenga-prompt-end")
     assert options_from_namespace(off).prompt_end is False
     assert options_from_namespace(_parse("--enable-jenga", "--jenga-alpha", "auto")).alpha is None
+    ghost = _parse("--enable-jenga", "--jenga-ghost-tokens", "0")
+    assert options_from_namespace(ghost).ghost_tokens == 0  # off
+    assert options_from_namespace(_parse("--enable-jenga")).ghost_tokens == GHOST_TOKENS
+
+
+@pytest.mark.parametrize("bad", ["-1", "1e9", "lots"])
+def test_bad_ghost_tokens_are_rejected(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--enable-jenga", "--jenga-ghost-tokens", bad)
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "fast"])
@@ -55,6 +65,7 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
         (("--jenga-eviction", "lru"), "--jenga-eviction given without --enable-jenga"),
         (("--no-jenga-prompt-end",), "jenga-prompt-end given without --enable-jenga"),
         (("--jenga-pool",), "jenga-pool given without --enable-jenga"),
+        (("--jenga-ghost-tokens", "5"), "jenga-ghost-tokens given without --enable-jenga"),
         (("--enable-jenga", "--enable-unified-memory"), "--jenga-pool .* --enable-unified-memory"),
         (
             ("--enable-jenga", "--mamba-full-memory-ratio", "0.5"),

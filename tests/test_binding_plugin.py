@@ -37,7 +37,7 @@ _PROBE = textwrap.dedent(
         from sglang.srt.server_args import prepare_server_args
         args = prepare_server_args(["--model-path", "dummy", "--enable-jenga",
                                     "--jenga-alpha", "0.5", "--jenga-eviction", "flop-aware",
-                                    "--no-jenga-prompt-end"])
+                                    "--no-jenga-prompt-end", "--jenga-ghost-tokens", "1000"])
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         child = ctx.Process(target=scheduler_side, args=(pickle.dumps(args), queue))
@@ -67,7 +67,13 @@ def _run(args: list[str], tmp_path: Path) -> str:
 def test_flags_in_help(tmp_path: Path) -> None:
     text = _run(["-m", "sglang.launch_server", "--help"], tmp_path)
     flags = ("--enable-jenga", "--jenga-admission", "--jenga-eviction", "--jenga-alpha")
-    for flag in (*flags, "--jenga-prompt-end", "--no-jenga-prompt-end", "--no-jenga-pool"):
+    others = (
+        "--jenga-prompt-end",
+        "--no-jenga-prompt-end",
+        "--no-jenga-pool",
+        "--jenga-ghost-tokens",
+    )
+    for flag in (*flags, *others):
         assert flag in text
     assert "FLOP efficiency against recency" in text
 
@@ -78,7 +84,8 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     text = _run([str(probe)], tmp_path)
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
-        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True)\", True, "
+        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True, ghost_tokens=1000)\", "
+        "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text
     assert "ERROR --enable-jenga conflicts with --disable-radix-cache" in text

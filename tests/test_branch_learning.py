@@ -1,4 +1,5 @@
-"""Learned branch positions (admission) and abandoned tails (eviction) on small hand-built trees."""
+"""Rewrites of history: ghost branch points and expendable tails (admission), abandoned and
+expendable tails (eviction), on small hand-built trees."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.tokens import TokenSeq
 
 
 def node_ending(cache: PrefixCache, end: int, first: int) -> Node:
@@ -50,80 +52,83 @@ def _state(cache: PrefixCache):  # type: ignore[no-untyped-def]
 
 
 def learner(**kw: object) -> BranchLearningAdmission:
-    args: dict[str, object] = {"min_gap": 10, "min_samples": 4, "window": 8}
+    args: dict[str, object] = {"min_samples": 4, "window": 8, "ghost_tokens": 10_000}
     args.update(kw)
     return BranchLearningAdmission(**args)  # type: ignore[arg-type]
 
 
-def test_checkpoints_a_fresh_long_prefill_at_learned_branch_distances():
-    admission = learner(quantiles=(0.25, 0.75), gate=0.75)
-    for tail in (100, 200, 300, 400):  # four requests left their predecessor this far back
-        admission.plan(Branch(1000, False, False, tail=tail), 2000, 2100, 900)
-    assert admission.predicted_tails() == [100, 200, 300, 400]
-    # a request that found none of its history (left the tree at a shared junction, hit 50)
-    plan = admission.plan(Branch(50, True, True, fanout=7), 3000, 3100, 50)
-    # the next request is expected 200 or 400 tokens before this sequence's end (3100)
-    assert plan.prefill_at == (2700, 2900)
-    assert plan.finish_at == (3100,)
+def rewrite(admission: BranchLearningAdmission, times: int) -> None:
+    """`times` requests that left the sequence they extended 300 tokens before its end."""
+    for _ in range(times):
+        admission.plan(Branch(1000, False, False, tail=300), 2000, 2100, 900)
 
 
-def test_no_prediction_while_requests_continue_at_the_end():
-    # chat: most requests that find their history continue at its end (a leaf end, fanout 0)
-    admission = learner(min_rate=0.5)
-    for i in range(8):
-        tail = 300 if i % 4 == 0 else 0
-        branch = Branch(500, tail == 0, tail == 0, fanout=0, tail=tail)
-        admission.plan(branch, 1000, 1100, 500)
-    assert admission.predicted_tails() is None
-    plan = admission.plan(Branch(50, True, True, fanout=7), 3000, 3100, 50)
-    assert plan.prefill_at == ()
+def test_rewrites_become_the_common_case_after_enough_samples():
+    admission = learner(min_samples=4, min_rate=0.5)
+    rewrite(admission, 3)
+    assert not admission.rewriting
+    rewrite(admission, 1)
+    assert admission.rewriting
+    for _ in range(5):  # requests continuing at the end of a leaf: chat turns
+        admission.plan(Branch(2100, True, True, fanout=0), 2500, 2600, 2100)
+    assert not admission.rewriting  # 3 of the last 8 left mid-edge
 
 
-def test_no_extra_states_where_the_branch_checkpoint_already_serves():
-    admission = learner(quantiles=(0.25, 0.75), gate=0.0)
-    for tail in (100, 200, 300, 400):
-        admission.plan(Branch(1000, False, False, tail=tail), 2000, 2100, 900)
-    # it left its own history mid-edge: the speculative branch checkpoint is all it gets
+def test_a_rewriting_request_keeps_its_branch_state_and_nothing_past_it():
+    admission = learner(prompt_end=True)
+    rewrite(admission, 4)
+    # resumed at 1000 and left the cached sequence at 1500: the next request resumes there
     plan = admission.plan(Branch(1500, False, False, tail=250), 3000, 3100, 1000)
-    assert plan.prefill_at == (1500,)
-    # a short fresh prefill (not longer than the gate quantile) gets nothing either
-    gated = learner(quantiles=(0.25,), gate=1.0)
-    for tail in (100, 200, 300, 400):
-        gated.plan(Branch(1000, False, False, tail=tail), 2000, 2100, 900)
-    assert gated.plan(Branch(50, True, True, fanout=7), 400, 500, 50).prefill_at == ()
+    assert plan.prefill_at == (1500,)  # no prompt-end state past it
+    assert plan.finish_at == ()  # no state after the last decoded token
+    assert plan.expendable_from == 1500 and plan.cache_len == 3100
 
 
-def test_predicted_checkpoints_keep_their_distance():
-    admission = learner(quantiles=(0.25, 0.5, 0.75), gate=0.0, min_gap=150)
-    for tail in (100, 150, 200, 600):
-        admission.plan(Branch(1000, False, False, tail=tail), 2000, 2100, 900)
-    plan = admission.plan(Branch(50, True, True, fanout=7), 3000, 3100, 50)
-    # candidates 3100 - {600, 200, 150} = 2500, 2900, 2950, shallowest first: 2950 lies
-    # within 150 tokens of 2900 and is dropped
-    assert plan.prefill_at == (2500, 2900)
+def test_chat_plans_are_speculative_admission_s():
+    admission = learner()
+    for _ in range(8):
+        admission.plan(Branch(500, True, True, fanout=0), 1000, 1100, 500)
+    assert not admission.rewriting
+    plan = admission.plan(Branch(700, False, False, tail=50), 1000, 1100, 500)
+    assert (plan.prefill_at, plan.finish_at, plan.expendable_from) == ((700,), (1100,), None)
 
 
-def test_prompt_end_state_does_not_crowd_out_predictions():
-    """In the server (prompt_end, total = input + 1) predictions are measured from the input's
-    end and keep their distance from the prompt-end state."""
-    admission = learner(quantiles=(0.25, 0.75), gate=0.75, prompt_end=True, min_gap=150)
-    for tail in (100, 200, 300, 400):
-        admission.plan(Branch(1000, False, False, tail=tail), 2000, 2001, 900)
-    plan = admission.plan(Branch(50, True, True, fanout=7), 3000, 3001, 50)
-    # 3001 - 400 = 2601 and 3001 - 200 = 2801, then the prompt end
-    assert plan.prefill_at == (2601, 2801, 3000)
-    close = learner(quantiles=(0.25,), gate=0.0, prompt_end=True, min_gap=150)
-    for tail in (100, 100, 100, 100):
-        close.plan(Branch(1000, False, False, tail=tail), 2000, 2001, 900)
-    # 3001 - 100 = 2901 lies within 150 tokens of the prompt end: only the prompt end
-    assert close.plan(Branch(50, True, True, fanout=7), 3000, 3001, 50).prefill_at == (3000,)
+def test_without_a_ghost_nothing_is_expendable():
+    # the next request needs the tail to find its own branch point in the tree
+    admission = learner(ghost_tokens=0)
+    rewrite(admission, 8)
+    assert admission.rewriting
+    plan = admission.plan(Branch(1500, False, False, tail=250), 3000, 3100, 1000)
+    assert plan.expendable_from is None and plan.finish_at == (3100,)
+
+
+def test_recall_prefers_a_deeper_ghost_branch_inside_a_remembered_sequence():
+    admission = learner()
+    history = seq(0, 3000)
+    admission.finished(history)
+    tree_branch = Branch(400, True, True, fanout=5)  # evicted: only the shared prompt is left
+    rewritten = seq(0, 1800).concat(toks(7, 7, 7))
+    assert admission.recall(rewritten, tree_branch) is tree_branch  # no rewrites seen yet
+    rewrite(admission, 4)
+    ghost = admission.recall(rewritten, tree_branch)
+    assert (ghost.length, ghost.at_node_end, ghost.checkpointed, ghost.tail) == (
+        1800,
+        False,
+        False,
+        1200,
+    )
+    assert admission.plan(ghost, 1803, 1900, 400).prefill_at == (1800,)  # captured exactly
+    # continuing at the remembered end (a chat turn) or sharing less: the tree's branch
+    assert admission.recall(history.concat(toks(7)), tree_branch) is tree_branch
+    assert admission.recall(seq(0, 300).concat(toks(7)), tree_branch) is tree_branch
+    assert learner(ghost_tokens=0).recall(rewritten, tree_branch) is tree_branch
 
 
 def test_branch_learning_admission_rejects_bad_parameters():
     with pytest.raises(ValueError):
         BranchLearningAdmission(min_rate=1.5)
     with pytest.raises(ValueError):
-        BranchLearningAdmission(quantiles=(1.2,))
+        BranchLearningAdmission(ghost_tokens=-1)
 
 
 # ---------------------------------------------------------------- eviction
@@ -197,7 +202,7 @@ def test_divergences_after_a_few_shared_tokens_are_not_learned():
     admission = learner(min_branch_tokens=10)
     for _ in range(8):
         admission.plan(Branch(5, False, False, tail=300), 1000, 1100, 0)
-    assert admission.predicted_tails() is None
+    assert not admission.rewriting
 
 
 def test_short_shared_divergences_mark_no_tail():
@@ -209,3 +214,113 @@ def test_short_shared_divergences_mark_no_tail():
     assert policy.bypass.marked() == []
     cache.serve(seq(0, 16).concat(toks(600)), toks(902), owner=3)  # shared 16
     assert [n.end for n in policy.bypass.marked()] == [21]
+
+
+# ---------------------------------------------------------------- expendable tails, end to end
+
+
+def rewriting_cache(budget: int = 10**6) -> PrefixCache:
+    admission = learner(min_samples=1, window=4)
+    return make_cache(hybrid_spec(), budget, eviction=JengaEviction(alpha=0.0), admission=admission)
+
+
+def test_a_rewriting_request_s_tail_goes_first_and_keeps_no_finish_state():
+    cache = rewriting_cache()
+    cache.serve(seq(100, 10), toks(990), owner=0)  # an older, unrelated sequence
+    cache.serve(seq(0, 40), toks(900), owner=1)  # request k
+    # request k + 1 leaves it at 20 (a rewrite): state at 20, its own tail past 20 expendable
+    cache.serve(seq(0, 20).concat(toks(500, 501)), toks(901), owner=2)
+    tail = node_ending(cache, 23, 500)
+    assert tail.state is None  # no state after its last decoded token
+    assert node_ending(cache, 20, 0).state is not None  # the branch checkpoint
+    assert cache.eviction.victim() is tail  # before the older sequence and k's bypassed tail
+    cache.check_integrity()
+
+
+def test_a_state_checkpointed_on_an_expendable_node_revives_it():
+    cache = rewriting_cache()
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    cache.serve(seq(0, 40), toks(900), owner=1)
+    cache.serve(seq(0, 20).concat(toks(500, 501)), toks(901), owner=2)
+    tail = node_ending(cache, 23, 500)
+    assert policy.victim() is tail
+    # a request continues request k + 1 at its end (no rewrite this time): state at 23 ...
+    cont = seq(0, 20).concat(toks(500, 501, 901, 7, 8))
+    cache.serve(cont, toks(902), owner=3)
+    assert tail.state is not None  # the prediction was wrong: the node is ordinary again
+    assert policy.revived_expendable == 1
+    assert policy.victim() is not tail
+    assert cache.serve(cont.concat(toks(902, 9)), toks(903), owner=4).hit_tokens == 26
+    cache.check_integrity()
+
+
+def test_a_hit_through_an_expendable_node_revives_it():
+    cache = rewriting_cache()
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    a = seq(0, 30)
+    cache.serve(a, toks(900), owner=1)  # one leaf [0, 31), its state at 31
+    assert not any(n.end == 10 for n in cache.tree.nodes())
+    cache.tree.chain_below(a.concat(toks(900)), 10)  # a stateless node [0, 10) above it
+    upper = node_ending(cache, 10, 0)
+    policy.expend([upper])
+    assert policy.revived_expendable == 0
+    hit = cache.serve(a.concat(toks(900, 5)), toks(901), owner=2)  # resumes at 31, through it
+    assert hit.hit_tokens == 31 and policy.revived_expendable == 1
+    cache.check_integrity()
+
+
+def test_the_ghost_finds_the_branch_point_of_an_evicted_history():
+    cache = rewriting_cache()
+    cache.serve(seq(0, 40), toks(900), owner=1)
+    cache.serve(seq(0, 20).concat(toks(500, 501)), toks(901), owner=2)  # learns: rewrites
+    while cache.tree.root.children:  # the whole history is evicted
+        assert cache.tree.evict_for(cache.tree.kv_types[0])
+    # request k + 2 rewrites request k + 1 at 21: the tree knows nothing, the ghost does
+    served = cache.serve(seq(0, 20).concat(toks(500, 77, 78)), toks(902), owner=3)
+    assert served.hit_tokens == 0 and served.states_planned == 1
+    assert node_ending(cache, 21, 0).state is not None  # captured exactly at the branch
+    assert cache.admission.ghost_branches == 1  # type: ignore[attr-defined]
+    cache.check_integrity()
+
+
+def test_chain_below_splits_at_the_position_and_refuses_shared_tails():
+    cache = make_cache(hybrid_spec())
+    a = seq(0, 30)
+    cache.serve(a, toks(900), owner=1)
+    key = a.concat(toks(900))
+    chain = cache.tree.chain_below(key, 12)
+    assert [(n.start, n.end) for n in chain] == [(12, 31)]
+    assert node_ending(cache, 12, 0).end == 12  # split there
+    cache.serve(seq(0, 20).concat(toks(5)), toks(901), owner=2)  # forks at 20, below 12
+    assert cache.tree.chain_below(key, 12) == []  # another sequence passes there
+    assert cache.tree.chain_below(key, 0) == [] and cache.tree.chain_below(key, 31) == []
+    cache.check_integrity()
+
+
+def test_two_caches_on_the_same_agent_stream_make_the_same_decisions():
+    """Tensor-parallel ranks run one cache each: the ghost, the rewrite statistics and the
+    expendable order must be as deterministic as the rest (logical clock, ids, no hashing of
+    objects)."""
+    from jenga_sglang.bench.agent import AgentParams, agent_trace
+    from jenga_sglang.policies.bundles import build_cache, byte_budget
+
+    params = AgentParams(sessions=8, rate=2.0, min_turns=20, max_turns=24, obs_median=60)
+    trace = agent_trace(params)
+    spec = hybrid_spec()
+    logs = []
+    for _ in range(2):
+        cache, _ = build_cache("jenga", spec, byte_budget(spec, 200_000))
+        cache.admission.min_samples = 4  # type: ignore[attr-defined]
+        log = []
+        for i, r in enumerate(trace):
+            served = cache.serve(TokenSeq.of(r.input_tokens), TokenSeq.of(r.output_tokens), i)
+            log.append((served, cache.tree.evicted_nodes, cache.tree.evicted_states))
+        cache.check_integrity()
+        eviction = cache.eviction
+        assert isinstance(eviction, JengaEviction)
+        ghost = cache.admission.ghost_branches  # type: ignore[attr-defined]
+        logs.append((log, ghost, eviction.revived_expendable))
+    assert logs[0] == logs[1]
+    assert logs[0][1] > 0 and logs[0][0][-1][1] > 0  # the ghost and eviction were exercised

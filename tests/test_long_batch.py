@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,13 +167,17 @@ def test_long_context_batch_is_seeded_and_in_range() -> None:
     assert long_context_batch(Workload(4, 50, 90, 3, 5, seed=3)) != a
 
 
+PURE = ["--memories", "jenga,sglang-split,bytes"]  # sglang-unified: tests/test_unified_memory.py
+
+
 def test_cli_compares_the_memories_on_one_workload(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["long-batch", "--cache-gb", "1.2", "--requests", "3", "--min-input", "20000"]
-    argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "3", "--json"]
+    argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "3", "--json", *PURE]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     runs = result["runs"]
-    assert set(runs) == {"jenga", "sglang-split", "bytes"}
+    assert list(runs) == ["jenga", "sglang-split", "bytes"]
+    assert result["of_unified"] is None
     expected = static_split(get_spec("nemotron-h-8b"), round(1.2e9))
     assert runs["sglang-split"]["kv_pool_bytes"] == expected.kv_bytes
     assert runs["jenga"]["kv_pool_bytes"] == round(1.2e9)
@@ -188,7 +194,7 @@ def test_replay_of_the_written_trace_matches_the_comparison(
     """`replay --mode engine --memory M` on the trace long-batch wrote runs the same engine."""
     trace = str(tmp_path / "batch.jsonl.gz")
     argv = ["long-batch", "--cache-gb", "1.2", "--requests", "3", "--min-input", "20000"]
-    argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "9", "--json"]
+    argv += ["--max-input", "30000", "--min-output", "2", "--max-output", "9", "--json", *PURE]
     assert main([*argv, "--write-trace", trace]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     for memory in ("jenga", "sglang-split"):
@@ -197,3 +203,20 @@ def test_replay_of_the_written_trace_matches_the_comparison(
         assert record["makespan_s"] == pytest.approx(runs[memory]["makespan_s"])
         assert record["ttft_mean_s"] == pytest.approx(runs[memory]["ttft_mean_s"])
         assert record["decode_batch_max"] == runs[memory]["decode_batch_max"]
+
+
+def test_pure_python_memories_never_import_sglang(tmp_path: Path) -> None:
+    """`long-batch` imports sglang (15-27 s) only when sglang-unified is among --memories."""
+    argv = ["long-batch", "--cache-gb", "1.2", "--requests", "2", "--min-input", "20000"]
+    argv += ["--max-input", "21000", "--min-output", "2", "--max-output", "3", *PURE]
+    code = (
+        "import sys; from jenga_sglang.bench.cli import main; "
+        f"assert main({argv!r}) == 0; print(sorted({{'sglang'}} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_unknown_memories_are_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["long-batch", "--memories", "jenga,sglang-static"]) == 2
+    assert "sglang-static" in capsys.readouterr().err

@@ -43,6 +43,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from jenga_sglang.binding.mamba_state import Captured, StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
+from jenga_sglang.binding.plans import Planned, RequestPlans
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
 from jenga_sglang.binding.slot_memory import SlotMemory
 from jenga_sglang.binding.tp_share import share_channel
@@ -52,8 +53,6 @@ from jenga_sglang.radix.match import MatchResult as TreeMatch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import PageKind, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
-
-_MAX_PLANS = 16_384  # far more requests than a scheduler holds queued and running at once
 
 
 class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no types
@@ -111,7 +110,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         )
         self.hit_tokens = 0
         self.states_admitted = 0
-        self._planned: dict[str, tuple[int, ...]] = {}  # request id -> planned state positions
+        self.plans = RequestPlans()
         self.metrics: JengaMetrics | None = None
         if params.enable_metrics:
             self.init_metrics_collector()
@@ -132,6 +131,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             states_evicted=self.cache.tree.evicted_states,
             alpha=float(getattr(self.cache.eviction, "alpha", 0.0)),
             pool_bytes=pool,
+            rewriting=bool(getattr(self.cache.admission, "rewriting", False)),
+            ghost_branches=int(getattr(self.cache.admission, "ghost_branches", 0)),
         )
 
     def sync_metrics(self) -> None:
@@ -214,7 +215,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         node = found.node if found.node is not None else self.root_node
         planned = self._plan(params, found)
         if params.req is not None:
-            self._remember_plan(params.req.rid, planned)
+            self.plans.remember(params.req.rid, planned)
         if params.cow_mamba and params.req is not None and found.state is not None:
             self._seed(params.req, found)
         self.sync_metrics()
@@ -223,12 +224,13 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             last_device_node=node,
             last_host_node=node,
             best_match_node=node,
-            mamba_branching_seqlen=planned[0] if planned else None,
+            mamba_branching_seqlen=planned.positions[0] if planned.positions else None,
             full_kv_hit_length=found.walk.length,
         )
 
-    def _plan(self, params: MatchPrefixParams, found: TreeMatch) -> tuple[int, ...]:
-        """The exact positions our admission checkpoints during this prefill, ascending.
+    def _plan(self, params: MatchPrefixParams, found: TreeMatch) -> Planned:
+        """The exact positions our admission checkpoints during this prefill, and what of the
+        finished sequence is expendable.
 
         The match key may be capped short of the input (SGLang recomputes the last token), so
         positions are planned against the whole input `params.key.token_ids`:
@@ -237,20 +239,12 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
                       |-- prefill: states captured at the planned positions --|
         """
         if self.state_type is None:
-            return ()
+            return Planned()
         input_len = len(params.key.token_ids)
         plan = self.cache.plan(
             TokenSeq.of(params.key.token_ids), found, input_len + int(_will_decode(params.req))
         )
-        return tuple(sorted(p for p in plan.prefill_at if found.length < p <= input_len))
-
-    def _remember_plan(self, rid: str, planned: tuple[int, ...]) -> None:
-        """Keep the request's plan until it finishes or is released. A request aborted while
-        queued may never reach either, so the oldest plans beyond `_MAX_PLANS` are dropped."""
-        self._planned.pop(rid, None)
-        self._planned[rid] = planned
-        if len(self._planned) > _MAX_PLANS:
-            del self._planned[next(iter(self._planned))]
+        return Planned.of(plan, found.length, input_len)
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
         """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
@@ -352,28 +346,34 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         a running one forks it only at a planned position, then names the next one as
         `req.mamba_branching_seqlen`, where the scheduler ends its next chunk (prefill_cut)."""
         finished = bool(req.finished())
+        planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
         if self.disable:
-            self._planned.pop(req.rid, None)
             if finished and self.handover is not None:
                 self.handover.release(req)
             return
         captured = None
-        if self.handover is not None:
-            planned = self._planned.pop(req.rid, ()) if finished else self._planned.get(req.rid, ())
-            captured = self.handover.capture(req, up_to, finished, planned)
-            if not finished:
-                req.mamba_branching_seqlen = next((p for p in planned if p > up_to), None)
+        # An expendable end keeps no state after the last decoded token (as in the plan).
+        if self.handover is not None and not (finished and planned.expendable_from is not None):
+            captured = self.handover.capture(req, up_to, finished, planned.positions)
+        if self.handover is not None and not finished:
+            req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         tokens = TokenSeq.of(list(req.full_untruncated_fill_ids[:up_to]))
         result = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), _at(captured))
         if self.handover is not None:
             self.handover.settle(req, finished, captured, taken=not result.mamba_exist)
         self._repoint(req, result)
-        if self.tuner is not None and finished:
-            self.tuner.after_request(
-                self.cache, TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
-            )
+        if finished:
+            self._finished(req, len(tokens), planned)
         self.sync_metrics()
+
+    def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
+        """The request is done: its expendable tail to the policy, its sequence to the
+        admission's memory and the tuner."""
+        inp, out = TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
+        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
+        if self.tuner is not None:
+            self.tuner.after_request(self.cache, inp, out)
 
     def _repoint(self, req: Any, result: InsertResult) -> None:
         """Free the request's duplicates of cached KV, point its row at the tree's slots."""
@@ -393,7 +393,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
-        self._planned.pop(req.rid, None)
+        self.plans.pop(req.rid)
         if not checkpointed and self.handover is not None:
             self.handover.release(req)
         self.sync_metrics()  # the request's lock is gone: its pages turned evictable
@@ -451,8 +451,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 def _will_decode(req: Any) -> bool:
     """Whether the request decodes after its prefill. Its final length is unknown until it
     finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
-    (a prompt-end state is then worth keeping), and learned branch distances are measured from
-    the end of the input."""
+    (a prompt-end state is then worth keeping)."""
     if req is None:
         return False  # a probe match: nothing will be prefilled
     budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)

@@ -11,6 +11,9 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:ssm_checkpoints_evicted_total   Mamba states evicted (counter)
     jenga:eviction_alpha                current FLOP weight of the eviction order (gauge)
     jenga:pool_bytes{page_type, use}    bytes the tree holds per page type, used/evictable
+    jenga:rewriting                     1 once requests usually rewrite their history (gauge)
+    jenga:ghost_branch_points_total     plans that took their branch point from the ghost
+                                        index: histories the tree had evicted (counter)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.
@@ -33,6 +36,8 @@ class Snapshot:
     states_evicted: int
     alpha: float
     pool_bytes: dict[tuple[str, str], int]  # (page type, "used" | "evictable") -> bytes
+    rewriting: bool = False
+    ghost_branches: int = 0
 
 
 def _families() -> dict[str, Any]:
@@ -62,6 +67,17 @@ def _families() -> dict[str, Any]:
             [*names, "page_type", "use"],
             multiprocess_mode="mostrecent",
         ),
+        rewriting=Gauge(
+            "jenga:rewriting",
+            "1 once requests usually leave the sequence they extend mid-way (agents)",
+            names,
+            multiprocess_mode="mostrecent",
+        ),
+        ghost=Counter(
+            "jenga:ghost_branch_points",
+            "Checkpoint plans that took their branch point from the ghost index",
+            names,
+        ),
     )
     return _FAMILIES
 
@@ -85,10 +101,12 @@ class JengaMetrics:
             ("hit", now.hit_tokens, last.hit_tokens),
             ("admitted", now.states_admitted, last.states_admitted),
             ("evicted", now.states_evicted, last.states_evicted),
+            ("ghost", now.ghost_branches, last.ghost_branches),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)
         fam["alpha"].labels(**lab).set(now.alpha)
+        fam["rewriting"].labels(**lab).set(int(now.rewriting))
         for (ptype, use), nbytes in now.pool_bytes.items():
             fam["pool"].labels(**lab, page_type=ptype, use=use).set(nbytes)
         self._last = now

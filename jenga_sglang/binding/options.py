@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from jenga_sglang.policies.branching import GHOST_TOKENS
+
 BACKEND_NAME = "jenga"
 JENGA_ATTR = "_jenga_options"
 
@@ -48,6 +50,8 @@ class JengaOptions:
     `prompt_end` keeps the SSM state at the end of each prompt (speculative admissions): on by
     default in a server, where clients resend a conversation with the reply re-rendered.
     `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
+    `ghost_tokens` bounds the token ids of finished requests the 'jenga' admission remembers
+    to find branch points in evicted histories (radix/ghost.py; 0 turns it off).
     """
 
     enabled: bool = False
@@ -56,6 +60,7 @@ class JengaOptions:
     alpha: float | None = None
     prompt_end: bool = True
     pool: bool = True
+    ghost_tokens: int = GHOST_TOKENS
 
 
 def parse_alpha(text: str) -> float | None:
@@ -69,6 +74,19 @@ def parse_alpha(text: str) -> float | None:
         raise argparse.ArgumentTypeError(msg) from None
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"--jenga-alpha must be >= 0, got {text!r}")
+    return value
+
+
+def parse_ghost_tokens(text: str) -> int:
+    """A non-negative number of tokens."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--jenga-ghost-tokens: expected a number of tokens, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--jenga-ghost-tokens must be >= 0, got {text!r}")
     return value
 
 
@@ -121,6 +139,15 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         "next turn repeats the prompt but may re-render the reply, so the state after the last "
         "decoded token can miss where the prompt-end state hits.",
     )
+    group.add_argument(
+        "--jenga-ghost-tokens",
+        type=parse_ghost_tokens,
+        default=None,
+        metavar="N",
+        help="Token ids of finished requests the 'jenga' admission remembers (4 bytes each, "
+        f"host memory; default {GHOST_TOKENS}), to checkpoint where a request leaves an "
+        "evicted history (agents that rewrite old turns). 0 turns it off.",
+    )
 
 
 def check_conflicts(args: argparse.Namespace) -> None:
@@ -135,6 +162,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
                 ("jenga_alpha", "--jenga-alpha"),
                 ("jenga_prompt_end", "--[no-]jenga-prompt-end"),
                 ("jenga_pool", "--[no-]jenga-pool"),
+                ("jenga_ghost_tokens", "--jenga-ghost-tokens"),
             )
             if getattr(args, attr, None) is not None
         ]
@@ -166,6 +194,7 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
     """Our options from a parsed namespace (after `check_conflicts`)."""
     alpha = getattr(args, "jenga_alpha", None)
     prompt_end = getattr(args, "jenga_prompt_end", None)
+    ghost = getattr(args, "jenga_ghost_tokens", None)
     return JengaOptions(
         enabled=bool(getattr(args, "enable_jenga", False)),
         admission=getattr(args, "jenga_admission", None) or "jenga",
@@ -173,4 +202,5 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
         alpha=alpha if isinstance(alpha, float) else None,
         prompt_end=True if prompt_end is None else bool(prompt_end),
         pool=getattr(args, "jenga_pool", None) is not False,
+        ghost_tokens=GHOST_TOKENS if ghost is None else int(ghost),
     )

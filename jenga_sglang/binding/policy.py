@@ -14,7 +14,9 @@ from jenga_sglang.policies.tuning import AlphaTuner, SlidingTuner
 
 def build_admission(options: JengaOptions, spec: ModelSpec) -> AdmissionPolicy:
     if options.admission == "jenga":
-        return jenga_admission(spec, prompt_end=options.prompt_end)
+        return jenga_admission(
+            spec, prompt_end=options.prompt_end, ghost_tokens=options.ghost_tokens
+        )
     if options.admission == "speculative":
         return SpeculativeAdmission(prompt_end=options.prompt_end)
     if options.admission == "every-block":

@@ -1,0 +1,58 @@
+"""What our admission planned for each request, kept from match_prefix to its last checkpoint.
+
+SGLang matches a request when it schedules it (`match_prefix`), then calls `checkpoint` after
+prefill chunks and when the request finishes. The plan made at the match says where states
+are captured on the way (`positions`, handed to SGLang one at a time as
+`mamba_branching_seqlen`) and what of the finished sequence is expendable (`expendable_from`,
+see `CheckpointPlan`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from jenga_sglang.policies.base import CheckpointPlan
+
+#: Far more requests than a scheduler holds queued and running at once.
+MAX_PLANS = 16_384
+
+
+class Planned(NamedTuple):
+    positions: tuple[int, ...] = ()  # prefill positions past the hit, ascending
+    expendable_from: int | None = None
+
+    @classmethod
+    def of(cls, plan: CheckpointPlan, hit: int, input_len: int) -> Planned:
+        """The part of `plan` SGLang acts on for a request that hit `hit` tokens."""
+        positions = tuple(sorted(p for p in plan.prefill_at if hit < p <= input_len))
+        return cls(positions, plan.expendable_from)
+
+
+NOTHING = Planned()
+
+
+class RequestPlans:
+    """Plans by request id. A request aborted while queued may never reach its last
+    checkpoint or its release, so the oldest plans beyond `limit` are dropped."""
+
+    def __init__(self, limit: int = MAX_PLANS) -> None:
+        self.limit = limit
+        self._plans: dict[str, Planned] = {}
+
+    def remember(self, rid: str, planned: Planned) -> None:
+        self._plans.pop(rid, None)  # re-matched: the newest plan goes to the back
+        self._plans[rid] = planned
+        if len(self._plans) > self.limit:
+            del self._plans[next(iter(self._plans))]
+
+    def get(self, rid: str) -> Planned:
+        return self._plans.get(rid, NOTHING)
+
+    def pop(self, rid: str) -> Planned:
+        return self._plans.pop(rid, NOTHING)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._plans
