@@ -46,20 +46,21 @@ class StaticSplitMemory(CountedMemory):
 
     def pool_bytes(self, kind: PageKind) -> int:
         """Bytes assigned to the pools of one kind (KV or SSM state)."""
-        return sum(n * self._sizes[t] for t, n in self._total.items() if t.kind is kind)
+        return sum(n * self.page_bytes(t) for t, n in self._total.items() if t.kind is kind)
 
     def wasted_bytes(self) -> int:
         return self._wasted
 
     def usage(self, ptype: PageType) -> Usage:
-        total, used, evictable = self._total[ptype], self._used[ptype], self._evictable[ptype]
-        free = total - used - evictable
-        return Usage(total, free, evictable, used, self._sizes[ptype])
+        total, count = self._total[ptype], self._counts[ptype]
+        free = total - count.used - count.evictable
+        return Usage(total, free, count.evictable, count.used, count.size)
 
     def fits(self, demand: Mapping[PageType, int], *, empty: bool = False) -> bool:
         """Each type against its own pool: free Mamba slots do not hold KV, nor the reverse."""
         return all(
-            count <= self._total[t] - (0 if empty else self._used[t]) for t, count in demand.items()
+            count <= self._total[t] - (0 if empty else self._counts[t].used)
+            for t, count in demand.items()
         )
 
     # ---- allocation (page moves: CountedMemory) -------------------------------------------
@@ -67,11 +68,11 @@ class StaticSplitMemory(CountedMemory):
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:
             raise ValueError(f"cannot allocate {count} pages")
-        total = self._total[ptype]
-        if count > total - self._used[ptype]:
+        total, counted = self._total[ptype], self._counts[ptype]
+        if count > total - counted.used:
             raise OutOfMemory(
                 f"request for {count} {ptype} pages: its pool holds {total} pages of "
-                f"{self._sizes[ptype]} bytes and {self._used[ptype]} are in use (static split: "
+                f"{counted.size} bytes and {counted.used} are in use (static split: "
                 "the other pool's free pages cannot serve it)"
             )
         if not self._evict_until(ptype, lambda: self.usage(ptype).free >= count):
@@ -81,7 +82,7 @@ class StaticSplitMemory(CountedMemory):
 
     def check_integrity(self) -> None:
         for t, total in self._total.items():
-            used, evictable = self._used[t], self._evictable[t]
+            used, evictable = self._counts[t].used, self._counts[t].evictable
             assert used >= 0 and evictable >= 0, f"{t}: used {used}, evictable {evictable}"
             assert used + evictable <= total, f"{t}: {used} + {evictable} pages > pool of {total}"
 

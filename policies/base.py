@@ -39,6 +39,12 @@ class EvictionPolicy(ABC):
     #: Weight of FLOP efficiency against recency; 0 means recency only.
     alpha: float = 0.0
 
+    #: Whether the tree may keep a chain of checkpointed nodes inserted together as one node, a
+    #: run (radix/node.py), and evict it from the bottom one segment at a time. Only for a policy
+    #: whose victims are leaves ranked by what every segment of the chain shares (recency, locks):
+    #: the tree does not call `update` when a segment goes.
+    evicts_runs: bool = False
+
     @abstractmethod
     def update(self, node: Node) -> None: ...
 

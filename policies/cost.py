@@ -40,7 +40,7 @@ class SpecNodeCost(NodeCost):
         return self.flops(node.end) - self.flops(node.start)
 
     def bytes_held(self, node: Node) -> int:
-        held = self.state_bytes if node.state is not None else 0
-        for pages, page_bytes in zip(node.kv, self.kv_page_bytes, strict=True):
-            held += len(pages) * page_bytes
+        held = self.state_bytes * (len(node.inner) + (node.state is not None))
+        for slot, page_bytes in enumerate(self.kv_page_bytes):  # not zip: see tree.py
+            held += len(node.kv[slot]) * page_bytes
         return held

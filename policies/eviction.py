@@ -45,7 +45,10 @@ from jenga_sglang.radix.node import Node
 
 
 class LruEviction(EvictionPolicy):
-    """Leaves only; a hit refreshes the whole path."""
+    """Leaves only; a hit refreshes the whole path. A chain of nodes inserted together shares
+    one recency, so the tree may keep it as one run (`evicts_runs`)."""
+
+    evicts_runs = True
 
     def __init__(self) -> None:
         self._leaves = FirstRanked()

@@ -14,9 +14,9 @@ first node for the same updates.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Mapping
+from heapq import heapify, heappop, heappush
 
 from sortedcontainers import SortedList
 
@@ -126,10 +126,10 @@ class FirstRanked:
             return
         self._keys[node.id] = key
         self._nodes[node.id] = node
-        heapq.heappush(self._heap, key)
+        heappush(self._heap, key)
         if len(self._heap) > 2 * len(self._keys) + self._SLACK:
             self._heap = list(self._keys.values())
-            heapq.heapify(self._heap)
+            heapify(self._heap)
 
     def discard(self, node: Node) -> None:
         if self._keys.pop(node.id, None) is not None:
@@ -147,5 +147,5 @@ class FirstRanked:
             top = heap[0]
             if keys.get(top[1]) == top:
                 return self._nodes[top[1]]
-            heapq.heappop(heap)
+            heappop(heap)
         return None

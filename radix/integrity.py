@@ -23,8 +23,11 @@ def check_tree(tree: RadixTree) -> None:
     for node in tree.nodes():
         _check_node(tree, node)
         held = list(zip(tree.kv_types, node.kv, strict=True))
-        if node.state is not None and tree.state_type is not None:
-            held.append((tree.state_type, node.state))
+        if tree.state_type is not None:
+            states = [state for _, state in node.inner]
+            if node.state is not None:
+                states.append(node.state)
+            held += [(tree.state_type, state) for state in states]
         for ptype, pages in held:
             if node.lock_ref == 0:
                 evictable[ptype] += len(pages)
@@ -56,3 +59,8 @@ def _check_node(tree: RadixTree, node: Node) -> None:
         assert len(node.kv[slot]) + tomb == len(node.key), f"{node!r} group {slot} pages"
         assert group.window is not None or tomb == 0, f"{node!r}: tombstone in full group"
     assert node.state is None or len(node.state) == 1, f"{node!r}: state is not one page"
+    inner = [at for at, _ in node.inner]
+    assert inner == sorted(set(inner)), f"{node!r}: inner checkpoints out of order"
+    assert all(node.start < at < node.end for at in inner), f"{node!r}: inner outside the edge"
+    assert all(len(state) == 1 for _, state in node.inner), f"{node!r}: inner state not one page"
+    assert tree.keeps_runs or not inner, f"{node!r}: a run, but the policy does not evict runs"

@@ -1,26 +1,31 @@
-"""Typed results of tree look-ups.
+"""Typed results of tree look-ups, never changed once built.
 
-Immutable named tuples rather than frozen dataclasses: every request builds a few of them, and
-a tuple is built in C where a frozen dataclass sets each field through object.__setattr__.
+Plain classes with slots: every request builds a few of them. They cost less than named tuples
+in pure Python, and compiled (scripts/build_compiled.py) they are native classes, where a named
+tuple's constructor stays a Python-level call.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from jenga_sglang.policies.base import Branch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
 
 
-class Walk(NamedTuple):
+class Walk:
     """Raw token walk: `length` leading tokens are in the tree along `path` (root excluded).
 
     The last node of `path` may be matched only partly (length < its end).
     """
 
-    length: int
-    path: tuple[Node, ...]
+    __slots__ = ("length", "path")
+
+    def __init__(self, length: int, path: tuple[Node, ...]) -> None:
+        self.length = length
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Walk(length={self.length}, path={list(self.path)})"
 
     def prefix(self, n: int) -> Walk:
         """The walk of the key's first `n` tokens (the same nodes, cut at n): one walk of
@@ -48,7 +53,7 @@ def _tail(node: Node, at: int) -> int:
     return node.end - at if not node.children else 0
 
 
-class MatchResult(NamedTuple):
+class MatchResult:
     """The longest prefix every layer group can reuse.
 
         tokens:  [0 ............ length) [length ...... walk.length) [....... len(input))
@@ -58,9 +63,15 @@ class MatchResult(NamedTuple):
     no Mamba group forces hits onto node ends.
     """
 
-    length: int
-    path: tuple[Node, ...]
-    walk: Walk
+    __slots__ = ("length", "path", "walk")
+
+    def __init__(self, length: int, path: tuple[Node, ...], walk: Walk) -> None:
+        self.length = length
+        self.path = path
+        self.walk = walk
+
+    def __repr__(self) -> str:
+        return f"MatchResult(length={self.length}, path={list(self.path)}, walk={self.walk})"
 
     @property
     def node(self) -> Node | None:

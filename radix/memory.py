@@ -20,16 +20,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.radix.pages import CountPages, OutOfMemory, Pages, PageType, Usage
 
 
-class Evictor(Protocol):
-    """The owner of the cached pages (the tree). Called by the memory when it is short."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Evictor(ABC):
+    """The owner of the cached pages (the tree). Called by the memory when it is short.
 
+    A base class rather than a protocol: compiled (scripts/build_compiled.py), a call through a
+    class is a direct call, through a protocol a generic method look-up, once per victim."""
+
+    @abstractmethod
     def evict_for(self, ptype: PageType) -> bool:
         """Evict at least one cached entry: the eviction policy's next victim.
 
@@ -38,7 +42,6 @@ class Evictor(Protocol):
 
         Returns False when nothing is evictable any more.
         """
-        ...
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -142,6 +145,19 @@ class CacheMemory(ABC):
         return True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
+class PageCount:
+    """The pages of one type in a counted memory: how many are used and evictable, and the
+    bytes of one. One object per type, so a page move looks its type up once."""
+
+    __slots__ = ("evictable", "size", "used")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self.evictable = 0
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class CountedMemory(CacheMemory):
     """Pages counted per type (no ids): `used` and `evictable` counters, the bytes they hold,
@@ -151,18 +167,16 @@ class CountedMemory(CacheMemory):
     def __init__(self, capacity_bytes: int, page_sizes: Mapping[PageType, int]) -> None:
         super().__init__()
         self._capacity = capacity_bytes
-        self._sizes = dict(page_sizes)
-        self._used = dict.fromkeys(page_sizes, 0)
-        self._evictable = dict.fromkeys(page_sizes, 0)
+        self._counts = {ptype: PageCount(size) for ptype, size in page_sizes.items()}
         self._held = 0  # bytes in used or evictable pages
         self._evictable_held = 0  # bytes in evictable pages (allocations check it every time)
 
     @property
     def page_types(self) -> tuple[PageType, ...]:
-        return tuple(self._sizes)
+        return tuple(self._counts)
 
     def page_bytes(self, ptype: PageType) -> int:
-        return self._sizes[ptype]
+        return self._counts[ptype].size
 
     @property
     def capacity_bytes(self) -> int:
@@ -172,36 +186,36 @@ class CountedMemory(CacheMemory):
     # its counting inline rather than through a shared helper (a call per move adds up).
 
     def free(self, ptype: PageType, pages: Pages) -> None:
-        n = len(pages)
-        if self._used[ptype] < n:
-            _short(ptype, n, self._used[ptype])
-        self._used[ptype] -= n
-        self._held -= n * self._sizes[ptype]
+        count, n = self._counts[ptype], len(pages)
+        if count.used < n:
+            _short(ptype, n, count.used)
+        count.used -= n
+        self._held -= n * count.size
 
     def free_evictable(self, ptype: PageType, pages: Pages) -> None:
         """Free pages that are currently evictable (the tree evicting a cached entry)."""
-        n = len(pages)
-        if self._evictable[ptype] < n:
-            _short(ptype, n, self._evictable[ptype])
-        self._evictable[ptype] -= n
-        self._held -= n * self._sizes[ptype]
-        self._evictable_held -= n * self._sizes[ptype]
+        count, n = self._counts[ptype], len(pages)
+        if count.evictable < n:
+            _short(ptype, n, count.evictable)
+        count.evictable -= n
+        self._held -= n * count.size
+        self._evictable_held -= n * count.size
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        n = len(pages)
-        if self._used[ptype] < n:
-            _short(ptype, n, self._used[ptype])
-        self._used[ptype] -= n
-        self._evictable[ptype] += n
-        self._evictable_held += n * self._sizes[ptype]
+        count, n = self._counts[ptype], len(pages)
+        if count.used < n:
+            _short(ptype, n, count.used)
+        count.used -= n
+        count.evictable += n
+        self._evictable_held += n * count.size
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        n = len(pages)
-        if self._evictable[ptype] < n:
-            _short(ptype, n, self._evictable[ptype])
-        self._evictable[ptype] -= n
-        self._used[ptype] += n
-        self._evictable_held -= n * self._sizes[ptype]
+        count, n = self._counts[ptype], len(pages)
+        if count.evictable < n:
+            _short(ptype, n, count.evictable)
+        count.evictable -= n
+        count.used += n
+        self._evictable_held -= n * count.size
 
     def held_bytes(self) -> int:
         return self._held
@@ -209,10 +223,11 @@ class CountedMemory(CacheMemory):
     def evictable_bytes(self) -> int:
         return self._evictable_held
 
-    def _took(self, ptype: PageType, count: int) -> None:
-        """Count `count` freshly allocated (used) pages of `ptype`."""
-        self._used[ptype] += count
-        self._held += count * self._sizes[ptype]
+    def _took(self, ptype: PageType, n: int) -> None:
+        """Count `n` freshly allocated (used) pages of `ptype`."""
+        count = self._counts[ptype]
+        count.used += n
+        self._held += n * count.size
 
 
 def _short(ptype: PageType, n: int, there: int) -> None:
@@ -239,7 +254,7 @@ class ByteBudget(CountedMemory):
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:
             raise ValueError(f"cannot allocate {count} pages")
-        need = count * self._sizes[ptype]
+        need = count * self._counts[ptype].size
         if need > self._capacity:
             raise OutOfMemory(
                 f"request for {count} {ptype} pages ({need} bytes) exceeds the whole budget "
@@ -266,15 +281,16 @@ class ByteBudget(CountedMemory):
         does not change that sum): then the general loop runs. Otherwise each page evicts what
         it needs and is counted, as `alloc` would (the same victims and the same peak).
         """
-        size = self._sizes[ptype]
+        counted = self._counts[ptype]
+        size = counted.size
         if count * size > self._capacity - self._held + self.evictable_bytes():
             return super().alloc_each(ptype, count, owner)
         for done in range(count):
             if self._held + size > self._capacity and not self._make_room(ptype, size):
-                self._used[ptype] -= done
+                counted.used -= done
                 self._held -= done * size
                 raise OutOfMemory(f"evictor could not free {size} bytes for a {ptype} page")
-            self._used[ptype] += 1
+            counted.used += 1
             self._held += size
             if self._held > self.peak_bytes:
                 self.peak_bytes = self._held
@@ -292,8 +308,8 @@ class ByteBudget(CountedMemory):
         return True
 
     def usage(self, ptype: PageType) -> Usage:
-        size = self._sizes[ptype]
-        used, evictable = self._used[ptype], self._evictable[ptype]
+        count = self._counts[ptype]
+        size, used, evictable = count.size, count.used, count.evictable
         free_pages = (self._capacity - self._held) // size  # if every free byte went to ptype
         return Usage(
             total=used + evictable + free_pages,
@@ -304,15 +320,16 @@ class ByteBudget(CountedMemory):
         )
 
     def check_integrity(self) -> None:
-        held = sum((self._used[t] + self._evictable[t]) * s for t, s in self._sizes.items())
+        counts = self._counts.values()
+        held = sum((c.used + c.evictable) * c.size for c in counts)
         assert held == self._held, f"held bytes drifted: counted {held}, tracked {self._held}"
-        evictable = sum(n * self._sizes[t] for t, n in self._evictable.items())
+        evictable = sum(c.evictable * c.size for c in counts)
         assert evictable == self._evictable_held, (
             f"evictable bytes drifted: counted {evictable}, tracked {self._evictable_held}"
         )
         assert 0 <= self._held <= self._capacity, (
             f"held {self._held} bytes outside [0, {self._capacity}]"
         )
-        assert all(v >= 0 for v in self._used.values()), self._used
-        assert all(v >= 0 for v in self._evictable.values()), self._evictable
+        for ptype, c in self._counts.items():
+            assert min(c.used, c.evictable) >= 0, f"{ptype}: {c.used} used, {c.evictable} evictable"
         assert self.capacity_violations == 0, f"{self.capacity_violations} capacity violations"

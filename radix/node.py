@@ -10,6 +10,14 @@ A node owns the edge from its parent to itself: the tokens `key`, covering absol
     root ── [0, 5) ──┬── [5, 9)   state@9
                      └── [5, 12)  state@12
 
+A node may also be a *run*: checkpoints strictly inside its edge (`inner`). It stands for the
+chain of nodes that cutting it at each of them gives, all sharing its recency, locks and hit
+count; the tree builds runs only for policies that rank such a chain as one node
+(`EvictionPolicy.evicts_runs`) and cuts them wherever the chain's nodes could differ (tree.py,
+"Runs"):
+
+    [0, 96) inner@32,64 state@96   stands for   [0, 32)@ ── [32, 64)@ ── [64, 96)@
+
 `lock_ref` counts the locks held on this node or below it (locking a node increments it along the
 whole path to the root), so a node with lock_ref > 0 and all its ancestors are never evicted.
 """
@@ -31,6 +39,7 @@ class Node:
         "end",
         "hit_count",
         "id",
+        "inner",
         "key",
         "kv",
         "last_access",
@@ -57,6 +66,8 @@ class Node:
         self.kv = kv
         self.tombstones = tombstones
         self.state: Pages | None = None
+        # (absolute position, one-page state) strictly inside (start, end), ascending: a run
+        self.inner: tuple[tuple[int, Pages], ...] = ()
         self.lock_ref = 0
         self.last_access = now
         self.hit_count = 0
@@ -91,4 +102,5 @@ class Node:
 
     def __repr__(self) -> str:
         state = " state" if self.state is not None else ""
-        return f"Node#{self.id}[{self.start},{self.end}){state} lock={self.lock_ref}"
+        inner = f" inner={[at for at, _ in self.inner]}" if self.inner else ""
+        return f"Node#{self.id}[{self.start},{self.end}){state}{inner} lock={self.lock_ref}"

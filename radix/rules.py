@@ -67,7 +67,8 @@ class MambaRule(GroupRule):
     """Valid p: 0, or the end of a path node holding an SSM checkpoint."""
 
     def longest_valid(self, path: Sequence[Node], limit: int) -> int:
-        for node in reversed(path):
+        for i in range(len(path) - 1, -1, -1):  # deepest first; compiled, reversed() is generic
+            node = path[i]
             if node.end <= limit and node.state is not None:
                 return node.end
         return 0

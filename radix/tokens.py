@@ -17,13 +17,21 @@ _ITEM = 4  # bytes per token id (int32)
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class TokenSeq:
-    """An immutable sequence of token ids (int32), cheap to slice and compare."""
+    """An immutable sequence of token ids (int32), cheap to slice and compare.
 
-    __slots__ = ("_b",)
+    The ids are the first `_n` bytes of `_b`: `truncated` shortens a sequence without copying
+    (a run's key loses one segment per eviction, radix/tree.py).
+    """
 
-    def __init__(self, packed: bytes) -> None:
-        if len(packed) % _ITEM:
-            raise ValueError(f"packed token bytes must be a multiple of {_ITEM}, got {len(packed)}")
+    __slots__ = ("_b", "_n")
+
+    def __init__(self, packed: bytes, size: int = -1) -> None:
+        """`packed`: int32 token bytes; with `size`, only its first `size` bytes count."""
+        self._n = len(packed) if size < 0 else size
+        if self._n % _ITEM or self._n > len(packed):
+            raise ValueError(
+                f"packed token bytes must be a multiple of {_ITEM}, got {self._n} of {len(packed)}"
+            )
         self._b = packed
 
     @classmethod
@@ -42,16 +50,16 @@ class TokenSeq:
     @property
     def packed(self) -> bytes:
         """The int32 bytes, as `TokenSeq(packed)` takes them."""
-        return self._b
+        return self._b if self._n == len(self._b) else self._b[: self._n]
 
     def __len__(self) -> int:
-        return len(self._b) // _ITEM
+        return self._n // _ITEM
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TokenSeq) and self._b == other._b
+        return isinstance(other, TokenSeq) and self.packed == other.packed
 
     def __hash__(self) -> int:
-        return hash(self._b)
+        return hash(self.packed)
 
     def __getitem__(self, index: int) -> int:
         n = len(self)
@@ -67,17 +75,22 @@ class TokenSeq:
 
     def slice(self, start: int, stop: int | None = None) -> TokenSeq:
         stop_b = None if stop is None else stop * _ITEM
-        return TokenSeq(self._b[start * _ITEM : stop_b])
+        return TokenSeq(self.packed[start * _ITEM : stop_b])
+
+    def truncated(self, size: int) -> TokenSeq:
+        """The first `size` tokens, sharing this sequence's bytes (no copy): for a key that only
+        ever shrinks, whose dropped tail is not worth freeing early."""
+        return TokenSeq(self._b, min(size * _ITEM, self._n))
 
     def concat(self, other: TokenSeq) -> TokenSeq:
-        return TokenSeq(self._b + other._b)
+        return TokenSeq(self.packed + other.packed)
 
     def common_prefix(self, other: TokenSeq, offset: int = 0) -> int:
         """Length of the common prefix of self and other[offset:]."""
         a = self._b
         b = other._b
         start = offset * _ITEM
-        m = min(len(a), len(b) - start)
+        m = min(self._n, other._n - start)
         if m <= 0:
             return 0
         if a[:m] == b[start : start + m]:
@@ -92,7 +105,7 @@ class TokenSeq:
         return lo
 
     def tolist(self) -> list[int]:
-        return array("i", self._b).tolist()
+        return array("i", self.packed).tolist()
 
     def __repr__(self) -> str:
         ids = self.tolist()

@@ -12,11 +12,23 @@ Invariants (checked by `check_integrity`, in integrity.py):
   a state is one page; no page id is held by two nodes;
 * conservation: per page type, the pages of unlocked nodes are exactly the memory's evictable
   pages, and the memory itself satisfies free + evictable + used == total.
+
+Runs (node.py): when the eviction policy ranks a chain of nodes inserted together as one node
+(`EvictionPolicy.evicts_runs`: LRU), a new leaf's checkpoints become its `inner` checkpoints
+instead of a chain of nodes, which spares creating and evicting a node per checkpoint
+(vllm-blocks: one every 32 tokens). The tree cuts a run wherever the chain's nodes could be
+told apart, so it makes the chain's decisions:
+* `walk` cuts each run it enters at every inner checkpoint up to where it stops and at the
+  first one past it: hits, branch points, refreshes, locks and inserts meet the chain's nodes;
+* eviction takes a leaf run's last segment, [its last inner checkpoint, end), which is the
+  chain's leaf, and counts it as an evicted node.
+Node ids may differ from the chain's. LRU reads them only to break a tie between two leaves of
+equal recency, and there is none: everything one request touches lies on one root path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 
 from mypy_extensions import mypyc_attr
 
@@ -24,7 +36,7 @@ from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
-from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.memory import CacheMemory, Evictor
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import IdPages, PageKind, Pages, PageType
 from jenga_sglang.radix.rules import (
@@ -38,7 +50,7 @@ from jenga_sglang.radix.tokens import TokenSeq
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
-class RadixTree:
+class RadixTree(Evictor):
     """Token radix tree with per-group pages, SSM checkpoints, locks and policy-driven eviction."""
 
     def __init__(self, spec: ModelSpec, memory: CacheMemory, policy: EvictionPolicy) -> None:
@@ -50,6 +62,7 @@ class RadixTree:
         mamba = spec.mamba_groups
         self.state_type = PageType(PageKind.STATE, spec.groups.index(mamba[0])) if mamba else None
         self.rules: tuple[GroupRule, ...] = self._build_rules()
+        self.keeps_runs = policy.evicts_runs
         self._next_id = 1
         self.root = Node(
             0,
@@ -78,22 +91,37 @@ class RadixTree:
     # ------------------------------------------------------------------ look-ups
 
     def walk(self, key: TokenSeq) -> Walk:
-        """How many leading tokens of `key` the tree holds, ignoring hit rules (no side effects)."""
+        """How many leading tokens of `key` the tree holds, ignoring hit rules. Nothing changes
+        but the shape: runs along the way are cut into their chain's nodes (Runs, above)."""
         node, pos, path, size = self.root, 0, [], len(key)
         while pos < size:
             child = node.children.get(key.head(pos))
             if child is None:
                 break
-            n = child.key.common_prefix(key, pos)
-            path.append(child)
-            pos += n
-            if n < len(child.key):
+            pos += child.key.common_prefix(key, pos)
+            if child.inner:
+                path.extend(self._cut_run(child, pos))
+                child = path[-1]
+            else:
+                path.append(child)
+            if pos < child.end:
                 break
             node = child
         return Walk(pos, tuple(path))
 
+    def _cut_run(self, run: Node, stop: int) -> list[Node]:
+        """Cut the chain's nodes out of `run` from its start down to the one holding the token
+        before `stop` (where a walk stops); returns them top-down. `run` keeps the rest, and is
+        the last of them when it holds that token itself."""
+        inner = run.inner
+        cuts = [at for at, _ in inner[: _below(inner, stop) + 1]]  # and the first past `stop`
+        chain = [self._split(run, at - run.start) for at in cuts]
+        if run.start < stop:
+            chain.append(run)
+        return chain
+
     def match(self, key: TokenSeq) -> MatchResult:
-        """Longest prefix of `key` valid for every layer group (no side effects)."""
+        """Longest prefix of `key` valid for every layer group (no side effects but `walk`'s)."""
         return self.match_walk(self.walk(key))
 
     def match_walk(self, walk: Walk) -> MatchResult:
@@ -137,14 +165,19 @@ class RadixTree:
                 self.policy.update(current)
             current = current.parent
 
+    # Loops over attention groups index `node.kv` rather than zip it with `kv_types`: compiled
+    # (scripts/build_compiled.py), zip(..., strict=True) is a generic call, several times slower.
+
     def _set_pages_used(self, node: Node, used: bool) -> None:
-        mark = self.memory.mark_used if used else self.memory.mark_evictable
-        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
-            if len(pages):
-                mark(ptype, pages)
+        for slot, ptype in enumerate(self.kv_types):
+            if len(node.kv[slot]):
+                _mark(self.memory, ptype, node.kv[slot], used)
         if node.state is not None:
             assert self.state_type is not None
-            mark(self.state_type, node.state)
+            _mark(self.memory, self.state_type, node.state, used)
+        for _, state in node.inner:
+            assert self.state_type is not None
+            _mark(self.memory, self.state_type, state, used)
 
     # ------------------------------------------------------------------ insert
 
@@ -152,8 +185,8 @@ class RadixTree:
         self,
         key: TokenSeq,
         start: int,
-        kv: Sequence[Pages],
-        states: Mapping[int, Pages],
+        kv: list[Pages],
+        states: dict[int, Pages],
         now: int,
         walk: Walk | None = None,
     ) -> Node:
@@ -194,7 +227,7 @@ class RadixTree:
         return node
 
     def _validate_insert(
-        self, key: TokenSeq, start: int, kv: Sequence[Pages], states: Mapping[int, Pages]
+        self, key: TokenSeq, start: int, kv: list[Pages], states: dict[int, Pages]
     ) -> None:
         if not isinstance(key, TokenSeq):
             raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
@@ -208,10 +241,10 @@ class RadixTree:
                 f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
             )
         span = size - start
-        for group, pages in zip(self.attention, kv, strict=True):
-            ok = len(pages) == span if group.window is None else len(pages) <= span
-            if not ok:
-                raise ValueError(f"group {group.name}: {len(pages)} pages for {span} new tokens")
+        for slot, group in enumerate(self.attention):
+            count = len(kv[slot])
+            if count > span or (group.window is None and count < span):
+                raise ValueError(f"group {group.name}: {count} pages for {span} new tokens")
         for pos, state in states.items():
             if self.state_type is None:
                 raise ValueError("states given but the model has no Mamba group")
@@ -260,7 +293,7 @@ class RadixTree:
             chain.append(node)
         return chain if chain and not chain[-1].children else []
 
-    def _attach_states(self, key: TokenSeq, states: Mapping[int, Pages], now: int) -> None:
+    def _attach_states(self, key: TokenSeq, states: dict[int, Pages], now: int) -> None:
         """Attach checkpoints in one walk down the path (positions ascending)."""
         node, pos = self.root, 0
         for at in sorted(states):
@@ -269,13 +302,14 @@ class RadixTree:
             self._attach_state(node, states[at], now)
 
     def _free_duplicates(
-        self, key: TokenSeq, start: int, present: int, kv: Sequence[Pages]
+        self, key: TokenSeq, start: int, present: int, kv: list[Pages]
     ) -> list[Pages]:
         """Free the caller's pages for [start, present) and return those for [present, end)."""
         span = len(key) - start
         dup = present - start
         rest: list[Pages] = []
-        for ptype, pages in zip(self.kv_types, kv, strict=True):
+        for slot, ptype in enumerate(self.kv_types):
+            pages = kv[slot]
             dropped = span - len(pages)  # sliding-window tombstones lead the span
             cut = max(0, dup - dropped)
             head, tail = pages.split(cut)
@@ -290,20 +324,25 @@ class RadixTree:
         key: TokenSeq,
         kv: list[Pages],
         now: int,
-        states: Mapping[int, Pages] | None = None,
+        states: dict[int, Pages] | None = None,
     ) -> Node:
         """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
 
         `states` maps offsets into `key` (0 < offset <= len(key)) to checkpoints. Building the
         chain directly gives the nodes, pages and ids that adding one leaf and splitting it at
         each offset in turn would (the leaf takes the first id, the nodes above it the next
-        ones top-down), without re-slicing the leaf once per checkpoint.
+        ones top-down), without re-slicing the leaf once per checkpoint. A tree that keeps runs
+        makes them one leaf with inner checkpoints instead.
         """
         states = states or {}
         cuts = sorted(at for at in states if at < len(key))
-        for ptype, pages in zip(self.kv_types, kv, strict=True):
-            if len(pages):
-                self.memory.mark_evictable(ptype, pages)
+        inner: tuple[tuple[int, Pages], ...] = ()
+        if self.keeps_runs and cuts:
+            inner = tuple((parent.end + at, states[at]) for at in cuts)
+            cuts = []
+        for slot, ptype in enumerate(self.kv_types):
+            if len(kv[slot]):
+                self.memory.mark_evictable(ptype, kv[slot])
         leaf_id = self._new_id()
         tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
         chain: list[Node] = []
@@ -323,6 +362,10 @@ class RadixTree:
         leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
         node.children[key.head(pos)] = leaf
         chain.append(leaf)
+        leaf.inner = inner
+        for _, checkpoint in inner:
+            assert self.state_type is not None
+            self.memory.mark_evictable(self.state_type, checkpoint)
         for created in chain:
             state = states.get(created.end - parent.end)
             if state is not None:
@@ -335,7 +378,7 @@ class RadixTree:
             self.policy.update(parent)
         return leaf
 
-    def _can_grow(self, node: Node, kv: Sequence[Pages]) -> bool:
+    def _can_grow(self, node: Node, kv: list[Pages]) -> bool:
         """Whether new tokens after `node` extend its edge instead of hanging a child on it.
 
         With a Mamba group a hit ends only at a checkpoint, so the end of a leaf without one
@@ -358,7 +401,8 @@ class RadixTree:
         """Append `key` and its pages (the caller's, used) to the stateless leaf `node`."""
         if len(kv[0]) != len(key):
             raise AssertionError(f"growing {node!r} by {len(key)} tokens with {len(kv[0])} pages")
-        for slot, (ptype, pages) in enumerate(zip(self.kv_types, kv, strict=True)):
+        for slot, ptype in enumerate(self.kv_types):
+            pages = kv[slot]
             node.kv[slot] = node.kv[slot].concat(pages)
             if node.lock_ref == 0 and len(pages):
                 self.memory.mark_evictable(ptype, pages)
@@ -383,7 +427,8 @@ class RadixTree:
     def _split(self, node: Node, at: int) -> Node:
         """Cut `node`'s edge after `at` tokens; returns the new upper node.
 
-        The SSM checkpoint stays with `node`: it is valid at node.end, which does not move.
+        The SSM checkpoint stays with `node`: it is valid at node.end, which does not move. A
+        run's inner checkpoints go with the part they lie in; one at the cut becomes upper's.
         """
         assert node.parent is not None and 0 < at < len(node.key)
         upper_kv: list[Pages] = []
@@ -405,6 +450,8 @@ class RadixTree:
         )
         upper.lock_ref = node.lock_ref
         upper.hit_count = node.hit_count
+        if node.inner:
+            _share_inner(upper, node)
         node.parent.children[upper.key.head(0)] = upper
         node.key = node.key.slice(at)
         node.parent = upper
@@ -425,31 +472,62 @@ class RadixTree:
         victim = self.policy.victim()
         if victim is None:
             return False
-        if not victim.children:
-            self.evict_leaf(victim)
-        else:
+        if victim.children:
             self.drop_state(victim)
+        elif victim.inner:
+            self._evict_last_segment(victim)
+        else:
+            self.evict_leaf(victim)
         return True
 
     def evict_leaf(self, node: Node) -> None:
-        """Free everything an unlocked leaf holds and remove it."""
+        """Free everything an unlocked leaf holds and remove it (a run: all its segments)."""
         if node is self.root or node.children or node.lock_ref:
             raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
-        for ptype, pages in zip(self.kv_types, node.kv, strict=True):
-            if len(pages):
-                self.memory.free_evictable(ptype, pages)
+        for slot, ptype in enumerate(self.kv_types):
+            if len(node.kv[slot]):
+                self.memory.free_evictable(ptype, node.kv[slot])
+        states = [state for _, state in node.inner]
         if node.state is not None:
+            states.append(node.state)
+        for state in states:
             assert self.state_type is not None
-            self.memory.free_evictable(self.state_type, node.state)
-            self.evicted_states += 1
+            self.memory.free_evictable(self.state_type, state)
+        self.evicted_states += len(states)
         parent = node.parent
         assert parent is not None
         del parent.children[node.key.head(0)]
         node.parent = None
         self.policy.remove(node)
-        self.evicted_nodes += 1
+        self.evicted_nodes += 1 + len(node.inner)
         if parent is not self.root:
             self.policy.update(parent)
+
+    def _evict_last_segment(self, run: Node) -> None:
+        """Evict the chain's leaf out of an unlocked leaf run: the pages and state of
+        [last inner checkpoint, end). The run then ends at that checkpoint, with its state."""
+        if run.children or run.lock_ref or not run.inner:
+            raise ValueError(f"cannot evict the last segment of {run!r}: not an unlocked leaf run")
+        at, state = run.inner[-1]
+        keep = at - run.start
+        for slot, ptype in enumerate(self.kv_types):
+            tomb = run.tombstones[slot]
+            head, tail = run.kv[slot].split(max(0, keep - tomb))
+            if len(tail):
+                self.memory.free_evictable(ptype, tail)
+            run.kv[slot] = head
+            run.tombstones[slot] = min(tomb, keep)
+        if run.state is not None:
+            assert self.state_type is not None
+            self.memory.free_evictable(self.state_type, run.state)
+            self.evicted_states += 1
+        run.state = state
+        run.inner = run.inner[:-1]
+        run.key = run.key.truncated(keep)  # no copy: the key only ever shrinks from here
+        run.end = at
+        self.evicted_nodes += 1
+        # No policy update: a policy that evicts runs ranks by what all segments share, none of
+        # which changed (the chain's next leaf up takes the evicted one's place).
 
     def drop_state(self, node: Node) -> None:
         """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
@@ -484,6 +562,7 @@ class RadixTree:
                 child.kv[slot] = node.kv[slot].concat(child.kv[slot])
                 child.tombstones[slot] = node.tombstones[slot]
         child.key = node.key.concat(child.key)
+        child.inner = node.inner + child.inner
         child.parent = node.parent
         child.start = node.start
         node.parent.children[child.key.head(0)] = child
@@ -503,3 +582,30 @@ class RadixTree:
     def check_integrity(self) -> None:
         """Assert the invariants in the module docstring (radix/integrity.py)."""
         check_tree(self)
+
+
+def _mark(memory: CacheMemory, ptype: PageType, pages: Pages, used: bool) -> None:
+    """Move `pages` to used or to evictable (a direct call, unlike a bound method's)."""
+    if used:
+        memory.mark_used(ptype, pages)
+    else:
+        memory.mark_evictable(ptype, pages)
+
+
+def _share_inner(upper: Node, lower: Node) -> None:
+    """Split `lower`'s inner checkpoints at upper's end, where `_split` just cut it."""
+    inner, cut = lower.inner, upper.end
+    above = _below(inner, cut)
+    upper.inner = inner[:above]
+    if above < len(inner) and inner[above][0] == cut:
+        upper.state = inner[above][1]
+        above += 1
+    lower.inner = inner[above:]
+
+
+def _below(inner: tuple[tuple[int, Pages], ...], pos: int) -> int:
+    """How many of a run's inner checkpoints lie before `pos`."""
+    count = 0
+    while count < len(inner) and inner[count][0] < pos:
+        count += 1
+    return count

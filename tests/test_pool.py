@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import compute_geometry
+from jenga_sglang.radix.memory import Evictor
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, PageType
 
 IMG = PageType(PageKind.KV, 0)
@@ -18,7 +19,7 @@ A = PageType(PageKind.KV, 0)  # 4 pages per large page
 B = PageType(PageKind.STATE, 1)  # 1 page per large page
 
 
-class CacheOwner:
+class CacheOwner(Evictor):
     """A tiny stand-in for the tree: holds cached entries and evicts them on demand, FIFO."""
 
     def __init__(self, pool: JengaPool, *, refuse: bool = False) -> None:

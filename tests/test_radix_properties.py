@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -142,3 +143,44 @@ def test_invariants_hold_after_every_operation(config: str, seed: int) -> None:
     while world.cache.tree.evict_for(world.cache.tree.kv_types[0]):
         world.cache.check_integrity()
     assert sum(1 for _ in world.cache.tree.nodes()) == 0, "unlocked tree must drain completely"
+
+
+def chain_view(cache: PrefixCache) -> list[tuple]:  # type: ignore[type-arg]
+    """The tree as the chains its runs stand for: one row per node or run segment (tokens,
+    start, end, checkpointed, lock_ref, last_access, hit_count), ids left out."""
+    rows = []
+    for node in cache.tree.nodes():
+        bounds = [node.start, *(at for at, _ in node.inner), node.end]
+        for lo, hi in pairwise(bounds):
+            tokens = tuple(node.key.slice(lo - node.start, hi - node.start).tolist())
+            checkpointed = hi < node.end or node.state is not None
+            rows.append(
+                (tokens, lo, hi, checkpointed, node.lock_ref, node.last_access, node.hit_count)
+            )
+    return sorted(rows)
+
+
+def observed(world: World) -> tuple:  # type: ignore[type-arg]
+    memory = world.cache.memory
+    tree = world.cache.tree
+    usage = [memory.usage(t) for t in memory.page_types]
+    return chain_view(world.cache), usage, tree.evicted_nodes, tree.evicted_states
+
+
+@pytest.mark.parametrize("make_memory", [byte_memory, pool_memory])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_runs_decide_like_the_chains_they_stand_for(make_memory, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """LRU with runs (a state every 3 tokens: long ones) and LRU keeping every checkpoint on a
+    node of its own make the same hits, evictions and memory moves after every operation."""
+    worlds = []
+    for runs in (True, False):
+        spec = hybrid_spec()
+        lru = LruEviction()
+        lru.evicts_runs = runs
+        worlds.append(World(PrefixCache(spec, make_memory(spec), lru, EveryBlockAdmission(3))))
+    assert worlds[0].cache.tree.keeps_runs and not worlds[1].cache.tree.keeps_runs
+    for action in random_ops(random.Random(seed)):
+        for world in worlds:
+            world.step(action)
+        assert observed(worlds[0]) == observed(worlds[1]), action

@@ -207,11 +207,12 @@ def _shape(cache):  # type: ignore[no-untyped-def]
 
 def test_checkpoints_inside_a_new_leaf_give_the_chain_that_splitting_gives():
     """One insert with checkpoints inside its new leaf builds the nodes, pages, tombstones and
-    ids that inserting the leaf and then splitting it at each checkpoint gives."""
+    ids that inserting the leaf and then splitting it at each checkpoint gives (a policy that
+    does not evict runs: every checkpoint ends a node)."""
     key = seq(0, 10)
-    direct = make_cache(_hybrid_swa_spec())
+    direct = make_cache(_hybrid_swa_spec(), eviction=FlopAwareEviction())
     _insert_with_tombstones(direct, key, (3, 6, 10), dropped=4)
-    stepwise = make_cache(_hybrid_swa_spec())
+    stepwise = make_cache(_hybrid_swa_spec(), eviction=FlopAwareEviction())
     _insert_with_tombstones(stepwise, key, (10,), dropped=4)
     for at in (3, 6):
         _insert_with_tombstones(stepwise, key, (at,), dropped=0)
@@ -219,6 +220,41 @@ def test_checkpoints_inside_a_new_leaf_give_the_chain_that_splitting_gives():
     assert [(s, e) for s, e, *_ in _shape(direct)] == [(0, 3), (3, 6), (6, 10)]
     direct.check_integrity()
     stepwise.check_integrity()
+
+
+def test_a_run_walked_through_is_the_chain():
+    """With LRU (it evicts runs) the same insert keeps one leaf whose inner checkpoints stand
+    for the chain; a walk through it cuts out the chain's nodes, pages, tombstones and ids."""
+    key = seq(0, 10)
+    chain = make_cache(_hybrid_swa_spec(), eviction=FlopAwareEviction())
+    _insert_with_tombstones(chain, key, (3, 6, 10), dropped=4)
+    runs = make_cache(_hybrid_swa_spec())
+    leaf = _insert_with_tombstones(runs, key, (3, 6, 10), dropped=4)
+    assert [at for at, _ in leaf.inner] == [3, 6] and (leaf.start, leaf.end) == (0, 10)
+    runs.check_integrity()
+    assert runs.tree.walk(seq(0, 5)).length == 5  # cuts [0, 3) and [3, 6): 5 lies in [3, 6)
+    assert [(s, e) for s, e, *_ in _shape(runs)] == [(0, 3), (3, 6), (6, 10)]
+    assert _shape(runs) == _shape(chain)
+    runs.check_integrity()
+
+
+def test_eviction_takes_a_run_apart_from_its_end():
+    """A leaf run is evicted one segment at a time, last first, as the chain's leaves would
+    be: each frees its pages and state and counts as an evicted node."""
+    cache = make_cache(hybrid_spec())
+    leaf = insert_all(cache, seq(0, 9), (3, 6, 9))
+    state_type = cache.tree.state_type
+    assert state_type is not None
+    for end in (6, 3):
+        assert cache.tree.evict_for(state_type)
+        assert (leaf.end, len(leaf.kv[0]), len(leaf.inner)) == (end, end, end // 3 - 1)
+        assert leaf.state is not None
+        cache.check_integrity()
+    assert cache.tree.evict_for(state_type)
+    assert leaf.parent is None and not cache.tree.root.children
+    assert (cache.tree.evicted_nodes, cache.tree.evicted_states) == (3, 3)
+    assert memory(cache).held_bytes() == 0
+    cache.check_integrity()
 
 
 @pytest.mark.parametrize("count", [1, 3, 5, 9])
@@ -274,3 +310,22 @@ def test_leaves_whose_end_is_a_reuse_point_keep_it(spec, states):  # type: ignor
     assert second is not first and second.parent is first
     assert (first.end, second.start, second.end) == (6, 6, 10)
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("size", [0, 1, 4, 7])
+def test_a_truncated_sequence_behaves_like_the_copied_prefix(size: int):
+    """`truncated` shares the bytes of the longer sequence; nothing can tell it from a copy."""
+    full = seq(10, 7)
+    view, copy = full.truncated(size), full.slice(0, size)
+    assert (len(view), view.packed, view.tolist()) == (len(copy), copy.packed, copy.tolist())
+    assert view == copy and hash(view) == hash(copy)
+    assert view.concat(toks(1)) == copy.concat(toks(1))
+    assert view.slice(1) == copy.slice(1) and view.truncated(2) == copy.truncated(2)
+    for other in (full, seq(10, 3).concat(toks(99)), toks()):
+        for offset in (0, 1):
+            assert view.common_prefix(other, offset) == copy.common_prefix(other, offset)
+            assert other.common_prefix(view) == other.common_prefix(copy)
+    if size:
+        assert view[-1] == copy[-1] and view.head(size - 1) == copy.head(size - 1)
+        with pytest.raises(IndexError):
+            view[size]

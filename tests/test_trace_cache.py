@@ -77,3 +77,32 @@ def test_the_cache_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyP
     _write(trace, 2)
     runner._load_fresh(str(trace))
     assert not (tmp_path / ".packed").exists()
+
+
+def test_preload_reads_cached_traces_itself_and_parses_the_rest_in_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = [tmp_path / f"{name}.jsonl" for name in ("cached", "fresh", "other")]
+    for i, path in enumerate(paths):
+        _write(path, 2 + i, first_token=1 + i)
+    runner._load_fresh(str(paths[0]))
+    monkeypatch.setattr(runner, "_TRACES", {})
+    handed_to_workers: list[list[str]] = []
+
+    class Pool:  # records what goes to the workers, runs it here
+        def __init__(self, jobs: int) -> None: ...
+
+        def __enter__(self) -> Pool:
+            return self
+
+        def __exit__(self, *exc: object) -> None: ...
+
+        def imap(self, fn, todo):  # type: ignore[no-untyped-def]
+            handed_to_workers.append(list(todo))
+            return map(fn, todo)
+
+    monkeypatch.setattr(runner.mp, "get_context", lambda method: type("Ctx", (), {"Pool": Pool}))
+    runner.preload([str(p) for p in (*paths, paths[0])], jobs=2)
+    assert handed_to_workers == [[str(paths[1]), str(paths[2])]]
+    for path in paths:
+        assert runner.load_packed(str(path)) == pack(load_trace(str(path)))
