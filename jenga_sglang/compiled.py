@@ -39,6 +39,7 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.rules",
     "jenga_sglang.radix.tree",
     "jenga_sglang.radix.cache",
+    "jenga_sglang.radix.ghost",
     "jenga_sglang.policies.base",
     "jenga_sglang.policies.eviction",
     "jenga_sglang.policies.ranking",

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import heapq
 
+from mypy_extensions import mypyc_attr
+
 from jenga_sglang.policies.base import Branch
 from jenga_sglang.radix.tokens import TokenSeq
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class _Entry:
     __slots__ = ("children", "end", "id", "key", "last_use", "parent")
 
@@ -40,6 +43,7 @@ class _Entry:
         self.last_use = now
 
 
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class GhostIndex:
     """Token ids of recently finished sequences, bounded by `capacity` tokens (LRU leaves)."""
 
