@@ -37,7 +37,7 @@ import torch
 from jenga_sglang.bench import sglang_pools
 from jenga_sglang.bench.sglang_buffer import moves_of
 from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.binding.slot_memory import SlotMemory
+from jenga_sglang.binding.slot_memory import SlotMemory, move_ids
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, Pages, PageType, Usage
@@ -158,16 +158,16 @@ class SglangUnifiedMemory(CacheMemory):
         self._release(ptype, pages, self._evictable[ptype])
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        _move(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
+        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        _move(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
+        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
 
     def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
         ids = pages.ids()
         if not ids:
             return
-        _move(ids, src, None, ptype)
+        move_ids(ids, src, None, ptype)
         index = torch.tensor(ids, dtype=torch.int64)
         if ptype == self.kv_type:
             self._composite.free(index)  # compacts now, or leaves holes (lazy)
@@ -226,15 +226,6 @@ def _detached(
         if evictable:
             copy.mark_evictable(ptype, IdPages(evictable))
     return copy
-
-
-def _move(ids: list[int], src: set[int], dst: set[int] | None, ptype: PageType) -> None:
-    missing = [i for i in ids if i not in src]
-    if missing:
-        raise AssertionError(f"{ptype}: ids {missing[:5]} are not in the expected state")
-    src.difference_update(ids)
-    if dst is not None:
-        dst.update(ids)
 
 
 def unified_memory(

@@ -152,10 +152,10 @@ class SlotMemory(CacheMemory):
         self._release(ptype, pages, self._evictable[ptype])
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._move(pages, self._used[ptype], self._evictable[ptype], ptype)
+        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        self._move(pages, self._evictable[ptype], self._used[ptype], ptype)
+        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
 
     def usage(self, ptype: PageType) -> Usage:
         used, evictable = len(self._used[ptype]), len(self._evictable[ptype])
@@ -172,24 +172,25 @@ class SlotMemory(CacheMemory):
 
     def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
         ids = pages.ids()
-        self._move(pages, src, None, ptype)
+        move_ids(pages.ids(), src, None, ptype)
         real = [i for i in ids if i >= 0]  # synthetic ids (tuner replays) never reach SGLang
         if real and self._sink is not None:
             self._sink(ptype, real)
         self.freed_slots[ptype] += len(ids)
-
-    @staticmethod
-    def _move(pages: Pages, src: set[int], dst: set[int] | None, ptype: PageType) -> None:
-        ids = pages.ids()
-        missing = [i for i in ids if i not in src]
-        if missing:
-            raise AssertionError(f"{ptype}: slots {missing[:5]} are not in the expected state")
-        src.difference_update(ids)
-        if dst is not None:
-            dst.update(ids)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
+
+
+def move_ids(ids: list[int], src: set[int], dst: set[int] | None, ptype: PageType) -> None:
+    """Move slot ids from one state set to another (`dst` None: out of both); every id must be
+    in `src`, so a page owned twice or moved from the wrong state is caught where it happens."""
+    missing = [i for i in ids if i not in src]
+    if missing:
+        raise AssertionError(f"{ptype}: slots {missing[:5]} are not in the expected state")
+    src.difference_update(ids)
+    if dst is not None:
+        dst.update(ids)
