@@ -301,8 +301,10 @@ class EngineSim:
     def _finish(self, run: _Running) -> None:
         self.running.remove(run)
         req, plan, tree = run.req, run.plan, self.cache.tree
-        cached = plan.cache_len > run.hit and self._insert(run, plan)
-        if plan.cache_len <= run.hit:
+        cached = False
+        if plan.cache_len > run.hit:
+            cached = self._insert(run, plan)
+        else:
             self._release_pages(run)
         tree.unlock(run.anchor)
         seq = req.inp.concat(req.out)
