@@ -37,17 +37,15 @@ import torch
 from jenga_sglang.bench import sglang_pools
 from jenga_sglang.bench.sglang_buffer import moves_of
 from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.binding.slot_memory import SlotMemory, move_ids
+from jenga_sglang.binding.slot_memory import SlotIdMemory, SlotMemory
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, Pages, PageType, Usage
 
 
-class SglangUnifiedMemory(CacheMemory):
+class SglangUnifiedMemory(SlotIdMemory):
     """KV pages and SSM states in SGLang's unified pool (one attention and one Mamba group)."""
 
     def __init__(self, spec: ModelSpec, pools: sglang_pools.Pools) -> None:
-        super().__init__()
         (attention,) = spec.attention_groups
         (mamba,) = spec.mamba_groups
         self.kv_type = PageType(PageKind.KV, spec.groups.index(attention))
@@ -58,8 +56,7 @@ class SglangUnifiedMemory(CacheMemory):
         self._slots = pools.req_to_token_pool.mamba_allocator  # SGLang's state slot surface
         self._buffer = self._composite.unified_buffer
         self._ends = {self.kv_type: self._full, self.state_type: self._mamba}
-        self._used: dict[PageType, set[int]] = {t: set() for t in self._ends}
-        self._evictable: dict[PageType, set[int]] = {t: set() for t in self._ends}
+        super().__init__(self._ends)
         self.lazy_compaction = bool(self._full.lazy_compaction)
 
     # ------------------------------------------------------------------ sizes
@@ -74,9 +71,6 @@ class SglangUnifiedMemory(CacheMemory):
     @property
     def capacity_bytes(self) -> int:
         return int(self._buffer.total_bytes)
-
-    def held(self, ptype: PageType) -> int:
-        return len(self._used[ptype]) + len(self._evictable[ptype])
 
     def held_bytes(self) -> int:
         return sum(self.held(t) * self.page_bytes(t) for t in self._ends)
@@ -151,23 +145,7 @@ class SglangUnifiedMemory(CacheMemory):
         self._composite.prepare_mamba_allocation(count)
         return self._slots.alloc(count)  # type: ignore[no-any-return]
 
-    def free(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._used[ptype])
-
-    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._evictable[ptype])
-
-    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
-
-    def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
-
-    def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
-        ids = pages.ids()
-        if not ids:
-            return
-        move_ids(ids, src, None, ptype)
+    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
         index = torch.tensor(ids, dtype=torch.int64)
         if ptype == self.kv_type:
             self._composite.free(index)  # compacts now, or leaves holes (lazy)

@@ -38,6 +38,7 @@ capacity, evicting through the tree like any memory. A copy is detached from the
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -48,7 +49,44 @@ SlotSink = Callable[[PageType, list[int]], None]
 Room = Callable[[PageType], int]  # slots of a type the engine can hand out right now
 
 
-class SlotMemory(CacheMemory):
+class SlotIdMemory(CacheMemory):
+    """A memory whose pages are SGLang slot ids, each either used (a request holds it) or
+    evictable (only the tree does). The page moves check every id's state, so a slot owned
+    twice or moved from the wrong state fails where it happens; `_give_back` hands freed ids
+    to whatever allocator they came from."""
+
+    def __init__(self, page_types: Iterable[PageType]) -> None:
+        super().__init__()
+        self._used: dict[PageType, set[int]] = {t: set() for t in page_types}
+        self._evictable: dict[PageType, set[int]] = {t: set() for t in page_types}
+
+    def held(self, ptype: PageType) -> int:
+        return len(self._used[ptype]) + len(self._evictable[ptype])
+
+    def free(self, ptype: PageType, pages: Pages) -> None:
+        self._release(ptype, pages, self._used[ptype])
+
+    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
+        self._release(ptype, pages, self._evictable[ptype])
+
+    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
+        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
+
+    def mark_used(self, ptype: PageType, pages: Pages) -> None:
+        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
+
+    def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
+        ids = pages.ids()
+        if ids:
+            move_ids(ids, src, None, ptype)
+            self._give_back(ptype, ids)
+
+    @abstractmethod
+    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
+        """Freed ids (already out of both sets) go back to their allocator."""
+
+
+class SlotMemory(SlotIdMemory):
     """Slot ids adopted from SGLang; `capacity[t]` slots of `page_bytes[t]` bytes per type,
     all types drawing on `shared_bytes` when given (one unified buffer)."""
 
@@ -60,7 +98,7 @@ class SlotMemory(CacheMemory):
         shared_bytes: int | None = None,
         room: Room | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(capacity)
         if set(capacity) != set(page_bytes):
             raise ValueError(
                 f"capacity types {set(capacity)} != page_bytes types {set(page_bytes)}"
@@ -76,8 +114,6 @@ class SlotMemory(CacheMemory):
         self._bytes = dict(page_bytes)
         self._shared = shared_bytes
         self._room = room
-        self._used: dict[PageType, set[int]] = {t: set() for t in capacity}
-        self._evictable: dict[PageType, set[int]] = {t: set() for t in capacity}
         self._sink = sink
         self._next_synthetic = -1
         self.freed_slots = dict.fromkeys(capacity, 0)
@@ -95,9 +131,6 @@ class SlotMemory(CacheMemory):
             raise OutOfMemory(f"{ptype}: adopting {len(got)} slots exceeds {self._capacity[ptype]}")
         used.update(got)
         return IdPages(got)
-
-    def held(self, ptype: PageType) -> int:
-        return len(self._used[ptype]) + len(self._evictable[ptype])
 
     def room(self, ptype: PageType) -> int:
         """Slots of `ptype` that can be allocated now: the engine's count when attached,
@@ -145,18 +178,6 @@ class SlotMemory(CacheMemory):
         self._used[ptype].update(ids)
         return IdPages(ids)
 
-    def free(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._used[ptype])
-
-    def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._evictable[ptype])
-
-    def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
-
-    def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
-
     def usage(self, ptype: PageType) -> Usage:
         used, evictable = len(self._used[ptype]), len(self._evictable[ptype])
         free = self._model_room(ptype)  # on a shared pool: if every free byte went to ptype
@@ -170,9 +191,7 @@ class SlotMemory(CacheMemory):
 
     # ------------------------------------------------------------------ helpers
 
-    def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
-        ids = pages.ids()
-        move_ids(pages.ids(), src, None, ptype)
+    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
         real = [i for i in ids if i >= 0]  # synthetic ids (tuner replays) never reach SGLang
         if real and self._sink is not None:
             self._sink(ptype, real)
