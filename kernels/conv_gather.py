@@ -83,6 +83,23 @@ def _conv_gather_kernel(  # type: ignore[no-untyped-def]
         )
 
 
+def check_conv_requests(
+    dst: list[int], starts: list[int], counts: list[int], out_slots: int, tokens: int
+) -> None:
+    """Host-side checks of one launch's destinations and token ranges. A caller that builds the
+    indices on the host checks them here once and then launches with ``checked=True``."""
+    n = len(dst)
+    for name, values in (("tok_start", starts), ("n_tok", counts)):
+        require(len(values) == n, f"{name}: expected {n} entries, got {len(values)}")
+    check_range("dst_idx", dst, 0, out_slots)
+    check_unique("dst_idx", dst)
+    for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
+        require(
+            c >= 0 and s >= 0 and s + c <= tokens,
+            f"request {i}: tokens [{s}, {s + c}) not in [0, {tokens})",
+        )
+
+
 def gather_conv_states(
     xbc: torch.Tensor,
     out: torch.Tensor,
@@ -91,13 +108,18 @@ def gather_conv_states(
     n_tok: torch.Tensor,
     init: torch.Tensor | None = None,
     init_idx: torch.Tensor | None = None,
+    *,
+    checked: bool = False,
 ) -> None:
     """Write each request's conv state after ``n_tok[i]`` of its prefill tokens into ``out``.
 
     ``xbc``: (T, D) packed conv inputs (any strides, float). ``out``: (slots, D, K - 1) with
     ``K - 1 >= 1``; ``dst_idx[i]`` (distinct) picks the slot. ``init``: (slots', D, K - 1) initial
     conv states, ``init_idx[i]`` a slot or ``NO_INIT``; both ``None`` means no request has one.
-    ``out`` must not share storage with ``init``. Raises ``ValueError`` before launching.
+    Raises ``ValueError`` before launching. Unchecked, ``out`` must not share storage with
+    ``init`` (a destination could be another request's initial state). ``checked=True``: the
+    caller validated the indices with ``check_conv_requests`` and guarantees that no
+    destination slot is an ``init_idx`` slot, so ``init`` may be ``out`` itself (the live pool).
     """
     require(xbc.dim() == 2, f"xbc: expected (tokens, dim), got shape {tuple(xbc.shape)}")
     tokens, dim = xbc.shape
@@ -107,16 +129,12 @@ def gather_conv_states(
     )
     km1 = out.shape[2]
     n = dst_idx.numel()
-    dst = index_list("dst_idx", dst_idx, n)
-    starts = index_list("tok_start", tok_start, n)
-    counts = index_list("n_tok", n_tok, n)
-    check_range("dst_idx", dst, 0, out.shape[0])
-    check_unique("dst_idx", dst)
-    for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
-        require(
-            c >= 0 and s >= 0 and s + c <= tokens,
-            f"request {i}: tokens [{s}, {s + c}) not in [0, {tokens})",
+    if not checked:
+        names = ("dst_idx", "tok_start", "n_tok")
+        dst, starts, counts = (
+            index_list(k, t, n) for k, t in zip(names, (dst_idx, tok_start, n_tok), strict=True)
         )
+        check_conv_requests(dst, starts, counts, out.shape[0], tokens)
     tensors = {"xbc": xbc, "out": out}
     if init is None:
         require(init_idx is None, "init_idx given without init")
@@ -128,13 +146,18 @@ def gather_conv_states(
             init.dim() == 3 and tuple(init.shape[1:]) == (dim, km1),
             f"init: expected (slots, {dim}, {km1}), got shape {tuple(init.shape)}",
         )
-        require(
-            init.untyped_storage().data_ptr() != out.untyped_storage().data_ptr(),
-            "init and out share storage: gather into a separate tensor, then copy",
-        )
-        check_range(
-            "init_idx", index_list("init_idx", init_idx, n), 0, init.shape[0], allow=(NO_INIT,)
-        )
+        if not checked:
+            require(
+                init.untyped_storage().data_ptr() != out.untyped_storage().data_ptr(),
+                "init and out share storage: gather into a separate tensor, then copy",
+            )
+            check_range(
+                "init_idx",
+                index_list("init_idx", init_idx, n),
+                0,
+                init.shape[0],
+                allow=(NO_INIT,),
+            )
         init_t, idx_t = init, init_idx
         tensors["init"] = init
     for name, t in tensors.items():

@@ -161,32 +161,49 @@ def _check_inputs(
     require(proc.dt_min <= proc.dt_max, f"dt_min={proc.dt_min} > dt_max={proc.dt_max}")
 
 
-def _check_requests(
-    state_in: torch.Tensor,
-    state_out: torch.Tensor,
+def check_roll_requests(
+    src: list[int],
+    dst: list[int],
+    starts: list[int],
+    counts: list[int],
+    slots: tuple[int, int],
     tokens: int,
-    idx: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    in_place: bool = False,
 ) -> None:
-    src_idx, dst_idx, tok_start, n_tok = idx
-    n = src_idx.numel()
-    src = index_list("src_idx", src_idx, n)
-    dst = index_list("dst_idx", dst_idx, n)
-    starts = index_list("tok_start", tok_start, n)
-    counts = index_list("n_tok", n_tok, n)
-    check_range("src_idx", src, 0, state_in.shape[0], allow=(NO_SOURCE,))
-    check_range("dst_idx", dst, 0, state_out.shape[0])
+    """Host-side checks of one launch's per-request indices (``slots`` = rows of state_in and
+    state_out). A caller that builds the indices on the host checks them here once and then
+    launches with ``checked=True``, which spares the device-to-host copy of every launch."""
+    n = len(src)
+    for name, values in (("dst_idx", dst), ("tok_start", starts), ("n_tok", counts)):
+        require(len(values) == n, f"{name}: expected {n} entries, got {len(values)}")
+    check_range("src_idx", src, 0, slots[0], allow=(NO_SOURCE,))
+    check_range("dst_idx", dst, 0, slots[1])
     check_unique("dst_idx", dst)
     for i, (s, c) in enumerate(zip(starts, counts, strict=True)):
         require(c >= 0, f"n_tok[{i}] = {c} is negative")
         require(
             s >= 0 and s + c <= tokens, f"request {i}: tokens [{s}, {s + c}) not in [0, {tokens})"
         )
-    if state_in.untyped_storage().data_ptr() == state_out.untyped_storage().data_ptr():
+    if in_place:
         # In place: a slot one request writes must not be one another request reads.
         for i, d in enumerate(dst):
             clash = [j for j, s in enumerate(src) if s == d and j != i]
             if clash:
                 raise ValueError(f"dst_idx[{i}] = {d} is read as src_idx by request {clash[0]}")
+
+
+def _check_requests(
+    state_in: torch.Tensor,
+    state_out: torch.Tensor,
+    tokens: int,
+    idx: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
+    n = idx[0].numel()
+    names = ("src_idx", "dst_idx", "tok_start", "n_tok")
+    src, dst, starts, counts = (index_list(k, t, n) for k, t in zip(names, idx, strict=True))
+    same = state_in.untyped_storage().data_ptr() == state_out.untyped_storage().data_ptr()
+    slots = (state_in.shape[0], state_out.shape[0])
+    check_roll_requests(src, dst, starts, counts, slots, tokens, in_place=same)
 
 
 def roll_forward_ssm_states(
@@ -201,6 +218,8 @@ def roll_forward_ssm_states(
     tok_start: torch.Tensor,
     n_tok: torch.Tensor,
     proc: DtProcessing | None = None,
+    *,
+    checked: bool = False,
 ) -> None:
     """Advance request ``i``'s state by ``n_tok[i]`` tokens and store it in a destination slot.
 
@@ -210,12 +229,14 @@ def roll_forward_ssm_states(
     Per request ``i`` (int32/int64 1-D tensors of one length): ``src_idx[i]`` slot of the start
     state in ``state_in`` (``NO_SOURCE`` = zeros), ``dst_idx[i]`` slot in ``state_out`` (distinct),
     ``tok_start[i]`` first packed token to apply, ``n_tok[i]`` how many (0 copies the state).
-    Raises ``ValueError`` on any inconsistent argument before launching.
+    Raises ``ValueError`` on any inconsistent argument before launching. ``checked=True``: the
+    caller validated the index values with ``check_roll_requests`` (shapes are still checked).
     """
     proc = proc or DtProcessing()
     _check_inputs(state_in, state_out, x, dt, b, a, proc)
     idx = (src_idx, dst_idx, tok_start, n_tok)
-    _check_requests(state_in, state_out, x.shape[0], idx)
+    if not checked:
+        _check_requests(state_in, state_out, x.shape[0], idx)
     n = src_idx.numel()
     if n == 0:
         return

@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_rows
 from jenga_sglang.binding.mamba_state import Captured, StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
@@ -51,7 +52,7 @@ from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import PageKind, Pages, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
 
@@ -63,7 +64,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     attention, optionally beside Mamba layers); see docs/sglang.md for what remains.
     """
 
-    def __init__(self, params: CacheInitParams, spec: ModelSpec, options: JengaOptions) -> None:
+    def __init__(
+        self,
+        params: CacheInitParams,
+        spec: ModelSpec,
+        options: JengaOptions,
+        *,
+        inpass: bool = False,
+    ) -> None:
         if params.page_size != 1:
             raise NotImplementedError(
                 f"--enable-jenga supports --page-size 1, got {params.page_size}"
@@ -108,6 +116,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             if self.state_type is not None
             else None
         )
+        # In-pass capture (binding/captures.py): the forward writes planned states into slots
+        # allocated when the batch is built; without it the prefill is cut at each position.
+        self.captures = (
+            PendingCaptures(self._try_alloc_state, self._free_states)
+            if inpass and self.handover is not None
+            else None
+        )
+        self.prefill_cuts = 0  # chunks cut at a planned position (prefill_cut), cumulative
         self.hit_tokens = 0
         self.states_admitted = 0
         self.plans = RequestPlans()
@@ -177,6 +193,15 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if ptype == self.state_type and self._donor is not None:
             self._donor.prepare_mamba_allocation(count)  # SGLang's step before a state alloc
 
+    def _try_alloc_state(self) -> int | None:
+        assert self.handover is not None
+        slot = self.handover.try_alloc_slot()
+        return None if slot is None else int(slot.reshape(-1)[0].item())
+
+    def _free_states(self, ids: list[int]) -> None:
+        index = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        self.req_to_token_pool.mamba_allocator.free(index)
+
     def _evict_states(self, count: int) -> None:
         assert self.state_type is not None
         self._make_room(self.state_type, count)
@@ -224,9 +249,21 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             last_device_node=node,
             last_host_node=node,
             best_match_node=node,
-            mamba_branching_seqlen=planned.positions[0] if planned.positions else None,
+            mamba_branching_seqlen=self._branch_for_sglang(planned),
             full_kv_hit_length=found.walk.length,
         )
+
+    def _branch_for_sglang(self, planned: Planned) -> int | None:
+        """The position SGLang ends a prefill chunk at (prefill_cut): none with in-pass capture."""
+        if self.captures is not None or not planned.positions:
+            return None
+        return planned.positions[0]
+
+    def plan_captures(self, reqs: list[Any]) -> BatchCaptures | None:
+        """Destination slots for the planned positions this extend batch computes."""
+        if self.captures is None or self.disable:
+            return None
+        return self.captures.plan(batch_rows(reqs, lambda rid: self.plans.get(rid).positions))
 
     def _plan(self, params: MatchPrefixParams, found: TreeMatch) -> Planned:
         """The exact positions our admission checkpoints during this prefill, and what of the
@@ -260,49 +297,38 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if tokens is None:
             return InsertResult(prefix_len=0)
         state = params.mamba_value
-        at = None if state is None else (len(tokens), int(state.reshape(-1)[0].item()))
-        return self._insert(tokens, params.value, at)
+        states = {} if state is None else {len(tokens): int(state.reshape(-1)[0].item())}
+        result, refused = self._insert(tokens, params.value, states)
+        result.mamba_exist = bool(refused)
+        return result
 
     def _insert(
-        self, tokens: TokenSeq, value: torch.Tensor | None, state_at: tuple[int, int] | None
-    ) -> InsertResult:
-        """Adopt KV slots for [present, len) and, if given, state slot `state_at[1]` valid at
-        position `state_at[0]`; `mamba_exist` says the state was not taken."""
+        self, tokens: TokenSeq, value: torch.Tensor | None, states: dict[int, int]
+    ) -> tuple[InsertResult, dict[int, int]]:
+        """Adopt KV slots for [present, len) and state slots valid at their positions (<= len).
+        Returns the result and the states not taken (position -> slot; a checkpoint is already
+        there), which stay the caller's to free."""
         if value is None or len(value) < len(tokens):
             raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
+        bad = [p for p in states if not 0 < p <= len(tokens)]
+        if bad:
+            raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
         tree = self.cache.tree
-        present = tree.walk(tokens).length
+        walk = tree.walk(tokens)
+        present = walk.length
         new_ids = value[present : len(tokens)].tolist()
         kv = [self.memory.adopt(self.kv_type, new_ids if present < len(tokens) else [])]
-        states = self._adopt_state(tokens, state_at)
-        node = tree.insert(tokens, present, kv, states, self.cache.tick())
-        taken = bool(states) and self._state_at(tokens, state_at) is next(iter(states.values()))
-        self.states_admitted += int(taken)
-        return InsertResult(
-            prefix_len=present,
-            total_len=len(tokens),
-            last_device_node=node,
-            mamba_exist=state_at is not None and not taken,
-        )
-
-    def _state_at(self, tokens: TokenSeq, state_at: tuple[int, int] | None) -> Pages | None:
-        """The checkpoint the tree holds exactly at position `state_at[0]` along `tokens`."""
-        if state_at is None:
-            return None
-        for node in self.cache.tree.walk(tokens).path:
-            if node.end == state_at[0]:
-                return node.state
-        return None
-
-    def _adopt_state(self, tokens: TokenSeq, state_at: tuple[int, int] | None) -> dict[int, Pages]:
-        if state_at is None or self.state_type is None:
-            return {}
-        pos, slot = state_at
-        if not 0 < pos <= len(tokens):
-            raise ValueError(f"state position {pos} outside (0, {len(tokens)}]")
-        if self._state_at(tokens, state_at) is not None:
-            return {}  # already checkpointed there: the caller keeps (and frees) its slot
-        return {pos: self.memory.adopt(self.state_type, [slot])}
+        held = {n.end for n in walk.path if n.state is not None}
+        refused = {p: slot for p, slot in states.items() if p in held or self.state_type is None}
+        adopt = {
+            p: self.memory.adopt(self.state_type, [slot])
+            for p, slot in states.items()
+            if p not in refused and self.state_type is not None
+        }
+        node = tree.insert(tokens, present, kv, adopt, self.cache.tick())
+        self.states_admitted += len(adopt)
+        result = InsertResult(prefix_len=present, total_len=len(tokens), last_device_node=node)
+        return result, refused
 
     # ------------------------------------------------------------------ locks and eviction
 
@@ -341,31 +367,51 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     # ------------------------------------------------------------------ request path
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-        """Insert the request's KV [0, up_to) and the state our admission wants, repoint its
-        row at the tree's slots, relock. A finished request hands its state over (mamba_state);
-        a running one forks it only at a planned position, then names the next one as
-        `req.mamba_branching_seqlen`, where the scheduler ends its next chunk (prefill_cut)."""
+        """Insert the request's KV [0, up_to) and the states our admission wants, repoint its
+        row at the tree's slots, relock. States come from the captures the forward wrote
+        (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
         finished = bool(req.finished())
         planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
+        inpass = self.captures.take(req.rid, up_to).states if self.captures is not None else {}
         if self.disable:
+            self._free_states(list(inpass.values()))
             if finished and self.handover is not None:
                 self.handover.release(req)
             return
-        captured = None
-        # An expendable end keeps no state after the last decoded token (as in the plan).
-        if self.handover is not None and not (finished and planned.expendable_from is not None):
-            captured = self.handover.capture(req, up_to, finished, planned.positions)
-        if self.handover is not None and not finished:
-            req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
+        captured = self._handed_over(req, up_to, finished, planned)
+        states = dict(inpass)
+        if captured is not None:
+            states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         tokens = TokenSeq.of(list(req.full_untruncated_fill_ids[:up_to]))
-        result = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), _at(captured))
+        result, refused = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), states)
+        lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
+        if lost:
+            self._free_states(lost)  # the tree had a checkpoint there already
         if self.handover is not None:
-            self.handover.settle(req, finished, captured, taken=not result.mamba_exist)
+            offered = None if captured is None else captured.position
+            taken = offered is not None and offered not in refused and offered not in inpass
+            self.handover.settle(req, finished, captured, taken=taken)
         self._repoint(req, result)
         if finished:
             self._finished(req, len(tokens), planned)
         self.sync_metrics()
+
+    def _handed_over(
+        self, req: Any, up_to: int, finished: bool, planned: Planned
+    ) -> Captured | None:
+        """The request's own state offered to the tree: at finish its last state (unless the
+        plan marks the end expendable); while running only on the cut path (no in-pass
+        capture), where the chunk just ended at a planned position (prefill_cut)."""
+        if self.handover is None or (finished and planned.expendable_from is not None):
+            return None
+        if finished:
+            return self.handover.capture(req, up_to, True)
+        if self.captures is not None:
+            return None
+        captured = self.handover.capture(req, up_to, False, planned.positions)
+        req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
+        return captured
 
     def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
         """The request is done: its expendable tail to the policy, its sequence to the
@@ -394,6 +440,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
         self.plans.pop(req.rid)
+        if self.captures is not None:
+            self.captures.drop(req.rid)
         if not checkpointed and self.handover is not None:
             self.handover.release(req)
         self.sync_metrics()  # the request's lock is gone: its pages turned evictable
@@ -456,9 +504,3 @@ def _will_decode(req: Any) -> bool:
         return False  # a probe match: nothing will be prefilled
     budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
     return budget is None or int(budget) > 0
-
-
-def _at(captured: Captured | None) -> tuple[int, int] | None:
-    if captured is None:
-        return None
-    return captured.position, int(captured.slot.reshape(-1)[0].item())

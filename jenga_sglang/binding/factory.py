@@ -8,6 +8,26 @@ from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
 from jenga_sglang.models.spec import ModelSpec
 
+#: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
+#: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_capture_forward.py checks the list
+#: against those files). The in-pass capture hooks (binding/capture_forward.py) extend that
+#: mixer's prefill; other state layers fall back to cutting the chunk (binding/prefill_cut.py).
+MAMBA2_MIXER_ARCHS = frozenset(
+    {
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
+        "Mamba2ForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "FalconH1ForCausalLM",
+    }
+)
+
+
+def captures_in_pass(model_config: Any) -> bool:
+    """Whether the forward of this model writes our planned states in-pass."""
+    archs = getattr(model_config.hf_config, "architectures", None) or []
+    return bool(archs) and all(a in MAMBA2_MIXER_ARCHS for a in archs)
+
 
 class UnsupportedModelError(NotImplementedError):
     """`--enable-jenga` was asked for a model we cannot serve yet (named in the message)."""
@@ -42,4 +62,4 @@ def build_tree_cache(ctx: Any) -> Any:
             f"--enable-jenga: {spec.name} has sliding-window layers; SGLang drops their slots "
             "outside the window while a request runs, which the jenga backend does not track yet"
         )
-    return JengaRadixCache(ctx.params, spec, options)
+    return JengaRadixCache(ctx.params, spec, options, inpass=captures_in_pass(ctx.model_config))

@@ -63,17 +63,22 @@ class StateHandOver:
 
     # ------------------------------------------------------------------ slots
 
-    def alloc_slot(self) -> torch.Tensor:
+    def try_alloc_slot(self) -> torch.Tensor | None:
+        """A fresh Mamba slot, evicting tree states if needed; None if none can be freed."""
         slot = self.pool.mamba_allocator.alloc(1)
         if slot is None:
             self.evict_states(1)
             slot = self.pool.mamba_allocator.alloc(1)
+        return slot  # type: ignore[no-any-return]
+
+    def alloc_slot(self) -> torch.Tensor:
+        slot = self.try_alloc_slot()
         if slot is None:
             raise RuntimeError(
                 "jenga: no Mamba slot free after eviction; raise --max-mamba-cache-size "
                 f"(pool size {self.pool.mamba_pool.size})"
             )
-        return slot  # type: ignore[no-any-return]
+        return slot
 
     # ------------------------------------------------------------------ hit
 

@@ -8,8 +8,12 @@ scheduler process. It registers, through SGLang's own HookRegistry:
   `--enable-jenga` selects `--radix-cache-backend jenga` in the namespace SGLang reads;
 * AFTER `ServerArgs.from_cli_args`: our options ride on the record as a bookkeeping attribute,
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
-* AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: a prefill chunk of a request served
-  by our cache ends exactly at its planned branch point (binding/prefill_cut.py);
+* on the batch, forward batch, Mamba2 backend, mixer and its two kernels: the prefill pass
+  writes every planned SSM checkpoint into a slot allocated when the batch was built
+  (binding/capture_forward.py, binding/captures.py);
+* AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: for models whose state layers the
+  in-pass capture does not cover, a prefill chunk ends exactly at its planned branch point
+  instead (binding/prefill_cut.py);
 * AROUND `KVCacheConfigurator._init_pools`, AFTER `KVCacheConfigurator.configure`: with
   `--jenga-pool` (default on) SGLang's KV and Mamba pools are views of one Jenga pool and its
   allocators draw from it (binding/pool_hook.py);
@@ -66,7 +70,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang.binding import pool_hook, prefill_cut
+    from jenga_sglang.binding import capture_forward, pool_hook, prefill_cut
     from jenga_sglang.binding.factory import build_tree_cache
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
@@ -88,3 +92,4 @@ def register() -> None:
         f"{configurator}._init_pools", pool_hook.around_init_pools, HookType.AROUND
     )
     HookRegistry.register(f"{configurator}.configure", pool_hook.after_configure, HookType.AFTER)
+    capture_forward.register(HookRegistry, HookType)

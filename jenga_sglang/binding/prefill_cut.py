@@ -48,11 +48,14 @@ def _cut_position(adder: Any, req: Any) -> int | None:
     """Where the chunk just added must end (`cut_position`), if it is ours to cut."""
     from jenga_sglang.binding.backend import JengaRadixCache
 
-    if not isinstance(adder.tree_cache, JengaRadixCache) or adder.rem_chunk_tokens is None:
+    cache = adder.tree_cache
+    if not isinstance(cache, JengaRadixCache) or adder.rem_chunk_tokens is None:
         return None
+    if cache.captures is not None:
+        return None  # the forward captures the planned states in-pass: nothing to cut
     if req not in adder.can_run_list:
         return None  # not admitted this round
-    return cut_position(adder.tree_cache, req)
+    return cut_position(cache, req)
 
 
 def cut_position(cache: Any, req: Any) -> int | None:
@@ -101,6 +104,7 @@ def around_add_one_req(
     req.extend_end = cut
     adder.new_chunked_req = req
     adder.rem_chunk_tokens = 0
+    adder.tree_cache.prefill_cuts += 1
     return adder.budget_state()
 
 
@@ -111,4 +115,5 @@ def around_add_chunked_req(original: Callable[..., Any], adder: Any, req: Any) -
         return result
     req.extend_end = cut
     adder.rem_chunk_tokens = 0
+    adder.tree_cache.prefill_cuts += 1
     return req  # still chunked: the scheduler keeps it as its chunked request

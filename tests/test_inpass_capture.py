@@ -1,0 +1,153 @@
+"""In-pass SSM checkpoints through SGLang's real model forward on CPU (tests/inpass_probe.py).
+
+The probe serves the tiny NemotronH with SGLang's ModelRunner and our cache in a subprocess,
+once per Mamba strategy, and compares every captured state with the state after prefilling
+[0, p) alone the same way (from scratch, chunked, or resumed from the cached state): SSM state
+within 1e-5 (fp32), conv state bit-exact. Positions cover p below the conv width, before, at
+and after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
+request, the second and third chunk of a chunked prefill, and the admission's own plan.
+The pure parts (geometry, slot bookkeeping) are tested here directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jenga_sglang.binding.capture_geometry import plan_geometry
+from jenga_sglang.binding.captures import Capture, PendingCaptures
+from jenga_sglang.kernels.conv_gather import NO_INIT
+from jenga_sglang.kernels.roll_forward import NO_SOURCE
+
+ROOT = Path(__file__).resolve().parents[1]
+FP32_TOL = 1e-5
+
+
+# ---------------------------------------------------------------- geometry and bookkeeping
+
+
+def test_geometry_rolls_from_the_last_boundary_inside_the_row() -> None:
+    # Rows packed at 0, 50, 140 (chunk 64); prefix of row 1 cached, rows 0 and 2 from scratch.
+    caps = (Capture(0, 2, 10), Capture(1, 14, 11), Capture(1, 78, 12), Capture(2, 60, 13))
+    g = plan_geometry(caps, [0, 30, 0], [50, 90, 130], 64, 20)
+    assert g.dst == (10, 11, 12, 13)
+    assert g.conv_start == (0, 50, 50, 140) and g.conv_count == (2, 14, 78, 60)
+    assert g.conv_init_row == (NO_INIT, 1, 1, NO_INIT)
+    # f = 64 and 128 lie on boundaries inside row 1: chunks 1 and 2, nothing to roll;
+    # f = 200 (row 2) rolls 8 tokens from boundary 192.
+    assert g.from_chunks.src == (1, 2, 3) and g.from_chunks.dst == (11, 12, 13)
+    assert g.from_chunks.start == (64, 128, 192) and g.from_chunks.count == (0, 0, 8)
+    # f = 2: no boundary inside row 0 before it, roll from the row's (zero) start state.
+    assert g.from_start.src == (NO_SOURCE,) and g.from_start.count == (2,)
+
+
+def test_geometry_uses_the_row_start_state_not_a_boundary_at_the_row_start() -> None:
+    g = plan_geometry((Capture(1, 5, 3),), [0, 7], [64, 10], 64, 8)
+    assert g.from_chunks.dst == ()
+    assert g.from_start.src == (1,) and g.from_start.start == (64,) and g.from_start.count == (5,)
+
+
+def test_geometry_rejects_captures_outside_their_row_and_bad_slots() -> None:
+    with pytest.raises(ValueError, match="outside its row"):
+        plan_geometry((Capture(0, 11, 1),), [0], [10], 64, 4)
+    with pytest.raises(ValueError, match="dst_idx"):
+        plan_geometry((Capture(0, 3, 9),), [0], [10], 64, 4)
+    with pytest.raises(ValueError, match="both name slot"):
+        plan_geometry((Capture(0, 3, 1), Capture(0, 4, 1)), [0], [10], 64, 4)
+
+
+def test_pending_captures_hand_over_only_what_the_forward_wrote() -> None:
+    free_list = [5, 6, 7]
+    freed: list[int] = []
+    pending = PendingCaptures(lambda: free_list.pop(0) if free_list else None, freed.extend)
+    # a: chunk [10, 40): 5 is cached already, 60 lies in a later chunk; b: the pool runs dry.
+    batch = pending.plan([("a", 10, 40, (5, 20, 40, 60)), ("b", 0, 8, (8,))])
+    assert batch is not None and [(c.row, c.offset, c.slot) for c in batch.captures] == [
+        (0, 10, 5),
+        (0, 30, 6),
+        (1, 8, 7),
+    ]
+    assert pending.skipped == 0 and pending.held() == 3
+    assert pending.plan([("c", 0, 4, (2,))]) is None and pending.skipped == 1
+    batch.served = True
+    assert pending.take("a", 20).states == {20: 5} and pending.held() == 2
+    pending.drop("a")  # aborted before its next checkpoint: the capture at 40 goes back
+    assert freed == [6] and "a" not in pending
+    batch.served = False  # a forward that did not write them (not our mixer)
+    taken = pending.take("b", 8)
+    assert taken.states == {} and taken.unserved == 1 and freed == [6, 7]
+    assert pending.held() == 0 and pending.unserved == 1
+
+
+# ---------------------------------------------------------------- the real forward
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("inpass") / "tiny-model"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_tiny_model.py"), "--out", str(out)],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    return out
+
+
+def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.inpass_probe", "--model", str(model), "--strategy", strategy],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["scenario"]: row for row in rows}
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("strategy", ["no_buffer"])
+def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: str) -> None:
+    found = _probe(tiny_model, strategy)
+    scenarios = ["single", "batch-row0", "batch-row1", "batch-row2", "resumed", "chunked"]
+    for name in [*scenarios, "natural"]:
+        for row in found[name]["rows"]:
+            where = f"{strategy} {name} p={row['p']}"
+            assert row["captured"], where
+            assert row["temporal_err"] <= FP32_TOL, where
+            assert row["conv_exact"], where
+    assert found["resumed"]["hit"] == 100  # it started from the cached state
+    assert found["natural"]["planned"] == [70, 120]  # branch point, prompt end
+    assert found["logits"]["unchanged"]  # capturing does not perturb the forward
+    assert found["slots"]["settled"]  # every capture slot taken or freed
+
+
+@pytest.mark.sglang
+def test_mamba2_mixer_architectures_match_sglangs_model_files() -> None:
+    """The in-pass list is exactly the architectures whose model files build MambaMixer2."""
+    import importlib.util
+    import re
+
+    from jenga_sglang.binding.factory import MAMBA2_MIXER_ARCHS
+
+    spec = importlib.util.find_spec("sglang.srt.models")
+    assert spec is not None and spec.submodule_search_locations
+    models = Path(next(iter(spec.submodule_search_locations)))
+    found: set[str] = set()
+    for source in models.glob("*.py"):
+        text = source.read_text()
+        if "MambaMixer2(" not in text:
+            continue
+        entry = re.search(r"^EntryClass\s*=\s*\[?([^\]\n]+)\]?", text, re.MULTILINE)
+        assert entry is not None, source
+        found |= {name.strip() for name in entry.group(1).split(",") if name.strip()}
+    assert found == set(MAMBA2_MIXER_ARCHS)
