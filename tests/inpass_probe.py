@@ -314,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in scenarios(probe):
         print(json.dumps(row), flush=True)
     print(json.dumps({"scenario": "logits", "unchanged": logits_unchanged(probe)}), flush=True)
-    print(json.dumps({"scenario": "slots", "settled": probe.slots_settled()}), flush=True)
+    snap = probe.cache.snapshot()
+    row = {"scenario": "slots", "settled": probe.slots_settled(), "captures": snap.captures}
+    row |= {"lost": snap.captures_lost, "cuts": snap.prefill_cuts}
+    print(json.dumps(row), flush=True)
     return 0
 
 

@@ -43,6 +43,11 @@ def test_defaults_and_values() -> None:
     ghost = _parse("--enable-jenga", "--jenga-ghost-tokens", "0")
     assert options_from_namespace(ghost).ghost_tokens == 0  # off
     assert options_from_namespace(_parse("--enable-jenga")).ghost_tokens == GHOST_TOKENS
+    assert options_from_namespace(_parse("--enable-jenga")).capture == "in-pass"
+    cut = _parse("--enable-jenga", "--jenga-capture", "cut")
+    assert options_from_namespace(cut).capture == "cut"
+    with pytest.raises(JengaFlagError, match="--jenga-capture given without --enable-jenga"):
+        check_conflicts(_parse("--jenga-capture", "cut"))
 
 
 @pytest.mark.parametrize("bad", ["-1", "1e9", "lots"])

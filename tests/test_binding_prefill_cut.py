@@ -75,10 +75,25 @@ def _req(prefix: int, branch: int | None, input_len: int = 100) -> Any:
 
 def test_a_new_request_stops_at_its_branch_and_ends_the_round(jenga_cache: Any) -> None:
     adder, req = _adder(jenga_cache, chunk=500), _req(10, 70)
+    cuts = jenga_cache.prefill_cuts
     result = around_add_one_req(_admit, adder, req, False, None)
     assert req.extend_end == 70  # not 100
     assert adder.new_chunked_req is req  # the rest runs as its next chunk
     assert adder.rem_chunk_tokens == 0 and result == OTHER  # nothing else joins this round
+    assert jenga_cache.prefill_cuts == cuts + 1  # counted (jenga:prefill_cuts_total)
+
+
+def test_no_cut_when_the_forward_captures_in_pass() -> None:
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.models import get_spec
+
+    cache = JengaRadixCache(
+        _params(True, 256), get_spec("nemotron-h-8b"), JengaOptions(True), inpass=True
+    )
+    adder, req = _adder(cache, chunk=500), _req(10, 70)
+    assert around_add_one_req(_admit, adder, req, False, None) == CONTINUE
+    assert req.extend_end == 100 and cache.prefill_cuts == 0
 
 
 def test_a_continuing_chunk_stops_at_the_branch(jenga_cache: Any) -> None:

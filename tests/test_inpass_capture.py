@@ -129,6 +129,8 @@ def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: st
     assert found["natural"]["planned"] == [70, 120]  # branch point, prompt end
     assert found["logits"]["unchanged"]  # capturing does not perturb the forward
     assert found["slots"]["settled"]  # every capture slot taken or freed
+    counted = found["slots"]  # what jenga:inpass_captures / _lost / prefill_cuts export
+    assert counted["captures"] >= 36 and counted["lost"] == 0 and counted["cuts"] == 0
 
 
 @pytest.mark.sglang

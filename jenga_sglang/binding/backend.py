@@ -149,6 +149,9 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             pool_bytes=pool,
             rewriting=bool(getattr(self.cache.admission, "rewriting", False)),
             ghost_branches=int(getattr(self.cache.admission, "ghost_branches", 0)),
+            captures=0 if self.captures is None else self.captures.taken,
+            captures_lost=0 if self.captures is None else self.captures.lost(),
+            prefill_cuts=self.prefill_cuts,
         )
 
     def sync_metrics(self) -> None:

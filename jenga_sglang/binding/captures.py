@@ -68,6 +68,7 @@ class PendingCaptures:
         self.planned = 0  # positions given a slot (cumulative)
         self.skipped = 0  # positions with no slot free (cumulative)
         self.unserved = 0  # slots freed unwritten (cumulative)
+        self.taken = 0  # written slots handed to a checkpoint (cumulative)
 
     def plan(self, rows: Iterable[tuple[str, int, int, tuple[int, ...]]]) -> BatchCaptures | None:
         """`rows`: (rid, prefix_len, extend_end, planned positions) per batch row, in order."""
@@ -101,6 +102,7 @@ class PendingCaptures:
             self._free(unserved)
             self.unserved += len(unserved)
         states = {c.position: c.slot for c in now if c.batch.served}
+        self.taken += len(states)
         return Taken(states, len(unserved))
 
     def drop(self, rid: str) -> None:
@@ -108,6 +110,10 @@ class PendingCaptures:
         pending = self._pending.pop(rid, [])
         if pending:
             self._free([c.slot for c in pending])
+
+    def lost(self) -> int:
+        """Planned positions not captured (cumulative): no slot free, or not served."""
+        return self.skipped + self.unserved
 
     def held(self) -> int:
         """Slots owned here now (allocated, not yet taken or dropped)."""

@@ -9,7 +9,7 @@ from jenga_sglang.models.config import ConfigError, spec_from_hf_config, support
 from jenga_sglang.models.spec import ModelSpec
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
-#: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_capture_forward.py checks the list
+#: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_inpass_capture.py checks the list
 #: against those files). The in-pass capture hooks (binding/capture_forward.py) extend that
 #: mixer's prefill; other state layers fall back to cutting the chunk (binding/prefill_cut.py).
 MAMBA2_MIXER_ARCHS = frozenset(
@@ -62,4 +62,5 @@ def build_tree_cache(ctx: Any) -> Any:
             f"--enable-jenga: {spec.name} has sliding-window layers; SGLang drops their slots "
             "outside the window while a request runs, which the jenga backend does not track yet"
         )
-    return JengaRadixCache(ctx.params, spec, options, inpass=captures_in_pass(ctx.model_config))
+    inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
+    return JengaRadixCache(ctx.params, spec, options, inpass=inpass)

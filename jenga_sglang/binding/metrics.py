@@ -14,6 +14,12 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:rewriting                     1 once requests usually rewrite their history (gauge)
     jenga:ghost_branch_points_total     plans that took their branch point from the ghost
                                         index: histories the tree had evicted (counter)
+    jenga:inpass_captures_total         SSM checkpoints the prefill forward wrote in-pass
+                                        (counter; binding/captures.py)
+    jenga:inpass_captures_lost_total    planned in-pass checkpoints not captured: no Mamba
+                                        slot free, or a forward our hooks did not serve
+    jenga:prefill_cuts_total            prefill chunks ended at a planned checkpoint instead
+                                        (binding/prefill_cut.py: one more prefill round each)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.
@@ -38,6 +44,9 @@ class Snapshot:
     pool_bytes: dict[tuple[str, str], int]  # (page type, "used" | "evictable") -> bytes
     rewriting: bool = False
     ghost_branches: int = 0
+    captures: int = 0
+    captures_lost: int = 0
+    prefill_cuts: int = 0
 
 
 def _families() -> dict[str, Any]:
@@ -78,6 +87,19 @@ def _families() -> dict[str, Any]:
             "Checkpoint plans that took their branch point from the ghost index",
             names,
         ),
+        captures=Counter(
+            "jenga:inpass_captures", "SSM checkpoints written by the prefill forward", names
+        ),
+        captures_lost=Counter(
+            "jenga:inpass_captures_lost",
+            "Planned in-pass checkpoints not captured (no slot free, or forward not served)",
+            names,
+        ),
+        cuts=Counter(
+            "jenga:prefill_cuts",
+            "Prefill chunks ended at a planned checkpoint (one more prefill round each)",
+            names,
+        ),
     )
     return _FAMILIES
 
@@ -102,6 +124,9 @@ class JengaMetrics:
             ("admitted", now.states_admitted, last.states_admitted),
             ("evicted", now.states_evicted, last.states_evicted),
             ("ghost", now.ghost_branches, last.ghost_branches),
+            ("captures", now.captures, last.captures),
+            ("captures_lost", now.captures_lost, last.captures_lost),
+            ("cuts", now.prefill_cuts, last.prefill_cuts),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)

@@ -17,6 +17,7 @@ JENGA_ATTR = "_jenga_options"
 
 ADMISSIONS = ("jenga", "speculative", "every-block")
 EVICTIONS = ("jenga", "flop-aware", "lru")
+CAPTURES = ("in-pass", "cut")
 
 # Flags of SGLang that select another cache or a feature our backend does not implement.
 _CONFLICTS: tuple[tuple[str, str], ...] = (
@@ -52,6 +53,10 @@ class JengaOptions:
     `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
     `ghost_tokens` bounds the token ids of finished requests the 'jenga' admission remembers
     to find branch points in evicted histories (radix/ghost.py; 0 turns it off).
+    `capture` is how planned SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the
+    forward writes them, binding/capture_forward.py) or 'cut' (the chunk ends there and the
+    next round goes on, binding/prefill_cut.py); 'cut' is also what models whose state layers
+    the in-pass hooks do not cover get.
     """
 
     enabled: bool = False
@@ -61,6 +66,7 @@ class JengaOptions:
     prompt_end: bool = True
     pool: bool = True
     ghost_tokens: int = GHOST_TOKENS
+    capture: str = "in-pass"
 
 
 def parse_alpha(text: str) -> float | None:
@@ -148,6 +154,14 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         f"host memory; default {GHOST_TOKENS}), to checkpoint where a request leaves an "
         "evicted history (agents that rewrite old turns). 0 turns it off.",
     )
+    group.add_argument(
+        "--jenga-capture",
+        choices=CAPTURES,
+        default=None,
+        help="How SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the prefill "
+        "forward writes them, no extra round; default for Mamba2-mixer models) or 'cut' (the "
+        "chunk ends at each checkpoint: one more prefill round each).",
+    )
 
 
 def check_conflicts(args: argparse.Namespace) -> None:
@@ -163,6 +177,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
                 ("jenga_prompt_end", "--[no-]jenga-prompt-end"),
                 ("jenga_pool", "--[no-]jenga-pool"),
                 ("jenga_ghost_tokens", "--jenga-ghost-tokens"),
+                ("jenga_capture", "--jenga-capture"),
             )
             if getattr(args, attr, None) is not None
         ]
@@ -203,4 +218,5 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
         prompt_end=True if prompt_end is None else bool(prompt_end),
         pool=getattr(args, "jenga_pool", None) is not False,
         ghost_tokens=GHOST_TOKENS if ghost is None else int(ghost),
+        capture=getattr(args, "jenga_capture", None) or "in-pass",
     )
