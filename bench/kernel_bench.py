@@ -1,11 +1,22 @@
-"""Time the checkpoint kernels (GPU), or smoke-run them on CPU under the Triton interpreter.
+"""What in-pass capture costs a Mamba2 prefill (GPU), or a smoke run on CPU (Triton interpreter).
 
-GPU (``python -m jenga_sglang.bench.kernel_bench``): for Nemotron-H-8B and Qwen3-Next layer shapes,
-(1) checkpoint slot-copy bandwidth vs ``torch`` device-to-device copy bandwidth of the same bytes,
-measured in one run; (2) roll-forward latency for ``r`` tokens vs a second prefill pass over the
-prefix (mamba-ssm's chunked scan, needs mamba-ssm). ``--smoke`` runs tiny shapes on CPU with the
-interpreter (the patches come from ``tests/triton_cpu.py``, the one place that holds them).
-Prints one JSON object per measurement.
+For Nemotron-H-8B layer shapes, a packed prefill of ``rows`` requests (8k tokens in all) with
+``captures`` checkpoint positions at random offsets, it times in one run:
+
+* the layer's prefill forward: the in/out projections (GEMMs), the depthwise causal conv and the
+  chunked SSD scan (SGLang's vendored scan when SGLang is importable, else mamba-ssm's);
+* our capture (binding/capture_forward.py's launches): the conv gather plus the roll-forward
+  from the scan's chunk-boundary states (kernels/conv_gather.py, kernels/roll_forward.py);
+* where SGLang is importable, its tracked-state route for the same positions
+  (``chunk_state_varlen`` over (row start, position) segments, one call per capture rank, as
+  ``mamba_chunk_scan_combined(..., track_end_locs=...)`` does for one position per row),
+
+and the largest SSM-state difference between the two routes. ``--smoke`` runs tiny shapes on
+CPU with the interpreter (patches from ``tests/triton_cpu.py``): it proves the script runs and
+gives the exactness figure; interpreter timings measure Python, not kernels. One JSON object
+per measurement.
+
+    python -m jenga_sglang.bench.kernel_bench [--smoke] [--repeats N]
 """
 
 from __future__ import annotations
@@ -20,14 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Mamba2 layer shapes (per tensor-parallel rank = 1). Qwen3-Next's linear layers are Gated
-# DeltaNet, not Mamba2 SSD: its shapes serve the copy benchmark; the roll-forward does not apply.
+# Mamba2 layer shapes (tensor-parallel rank 1).
 SHAPES: dict[str, dict[str, int]] = {
-    "nemotron-h-8b": {"heads": 128, "headdim": 64, "dstate": 128, "groups": 8, "conv_k": 4},
-    "qwen3-next": {"heads": 32, "headdim": 128, "dstate": 128, "groups": 16, "conv_k": 4},
-    "smoke": {"heads": 4, "headdim": 8, "dstate": 16, "groups": 2, "conv_k": 4},
-}
-MAMBA2_MODELS = ("nemotron-h-8b", "smoke")
+    "nemotron-h-8b": {
+        "d_model": 4096, "heads": 128, "headdim": 64, "dstate": 128, "groups": 8,
+        "conv_k": 4, "chunk": 128,
+    },
+    "smoke": {
+        "d_model": 32, "heads": 4, "headdim": 8, "dstate": 16, "groups": 2, "conv_k": 4,
+        "chunk": 16,
+    },
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,77 +67,198 @@ class Timer:
         return sorted(times)[len(times) // 2]
 
 
-def conv_dim(s: dict[str, int]) -> int:
-    return s["heads"] * s["headdim"] + 2 * s["groups"] * s["dstate"]
+@dataclass(frozen=True)
+class Prefill:
+    """One packed prefill's tensors and its capture positions (flat packed token indices)."""
+
+    x: Any  # (T, H, P)
+    dt: Any  # (T, H) raw
+    b: Any  # (T, G, N)
+    c: Any
+    a: Any  # (H,)
+    dt_bias: Any  # (H,)
+    xbc: Any  # (T, conv_dim) conv inputs
+    cu: list[int]  # row starts, then T
+    caps: list[tuple[int, int]]  # (row, offset >= 1)
 
 
-def bench_copy(model: str, slots: int, pairs: int, timer: Timer) -> dict[str, Any]:
-    """Copy ``pairs`` live-state pages to checkpoint pages: our kernel vs ``torch`` indexing."""
+def make_prefill(shape: dict[str, int], rows: int, length: int, captures: int, dev: str) -> Prefill:
     import torch
 
-    from jenga_sglang.kernels.state_copy import SlotView, copy_slot_pairs
+    g = torch.Generator().manual_seed(0)
+    h, p, n, grp = shape["heads"], shape["headdim"], shape["dstate"], shape["groups"]
+    t = rows * length
 
-    s = SHAPES[model]
-    conv_bytes = conv_dim(s) * (s["conv_k"] - 1) * 2  # bf16
-    ssm_bytes = s["heads"] * s["headdim"] * s["dstate"] * 4  # fp32
-    page = -(-(conv_bytes + ssm_bytes) // 256) * 256
-    buf = torch.zeros(page * slots, dtype=torch.uint8, device=timer.device)
-    views = [
-        SlotView("conv", 0, page, conv_bytes, slots, itemsize=2),
-        SlotView("temporal", conv_bytes, page, ssm_bytes, slots, itemsize=4),
-    ]
-    jobs = [(i, pairs + i) for i in range(pairs)]
-    pages = buf.view(slots, page)
-    src = torch.arange(pairs, device=timer.device)
-    dst = src + pairs
-    moved = pairs * (conv_bytes + ssm_bytes)
-    t_kernel = timer(lambda: copy_slot_pairs(buf, views, jobs))
-    t_torch = timer(lambda: pages.index_copy_(0, dst, pages[src]))
-    return {
-        "bench": "checkpoint_copy",
-        "model": model,
-        "pairs": pairs,
-        "bytes": moved,
-        "kernel_GBps": moved / t_kernel / 1e9,
-        "torch_d2d_GBps": pairs * page / t_torch / 1e9,
-        "kernel_s": t_kernel,
-        "torch_s": t_torch,
-    }
+    def rand(*size: int) -> Any:
+        return torch.randn(*size, generator=g).to(dev)
 
-
-def bench_roll(model: str, batch: int, r: int, prefix: int, timer: Timer) -> dict[str, Any]:
-    """Roll ``batch`` requests forward by ``r`` tokens vs rescanning a ``prefix``-token prefill."""
-    import torch
-
-    from jenga_sglang.kernels.roll_forward import roll_forward_ssm_states
-
-    s, dev = SHAPES[model], timer.device
-    h, p, n, g = s["heads"], s["headdim"], s["dstate"], s["groups"]
-    tokens = batch * r
-    x = torch.randn(tokens, h, p, device=dev, dtype=torch.bfloat16)
-    dt = torch.rand(tokens, h, device=dev) * 0.1
-    b = torch.randn(tokens, g, n, device=dev, dtype=torch.bfloat16)
-    a = -torch.rand(h, device=dev)
-    states = torch.randn(batch, h, p, n, device=dev)
-    out = torch.empty_like(states)
-    idx = torch.arange(batch, device=dev)
-    starts = idx * r
-    counts = torch.full((batch,), r, device=dev)
-    t_roll = timer(
-        lambda: roll_forward_ssm_states(states, idx, out, idx, x, dt, b, a, starts, counts)
+    offsets = torch.randint(1, length + 1, (captures,), generator=g).tolist()
+    caps = sorted({(i % rows, int(o)) for i, o in enumerate(offsets)})
+    return Prefill(
+        x=rand(t, h, p),
+        dt=rand(t, h) * 0.5,
+        b=rand(t, grp, n),
+        c=rand(t, grp, n),
+        a=-torch.rand(h, generator=g).to(dev),
+        dt_bias=rand(h) * 0.1,
+        xbc=rand(t, h * p + 2 * grp * n),
+        cu=[i * length for i in range(rows + 1)],
+        caps=caps,
     )
-    row: dict[str, Any] = {"bench": "roll_forward", "model": model, "batch": batch, "r": r}
-    row["roll_s"] = t_roll
-    if importlib.util.find_spec("mamba_ssm") is not None:
-        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
-        xs = torch.randn(1, prefix, h, p, device=dev, dtype=torch.bfloat16)
-        dts = torch.rand(1, prefix, h, device=dev) * 0.1
-        bs = torch.randn(1, prefix, g, n, device=dev, dtype=torch.bfloat16)
-        row["second_prefill_prefix"] = prefix
-        row["second_prefill_s"] = timer(
-            lambda: mamba_chunk_scan_combined(xs, dts, a, bs, bs, 256 if dev == "cuda" else 8)
+
+def sglang_scan() -> Callable[..., Any] | None:
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    from sglang.kernels.ops.mamba.triton_ops.ssd_combined import mamba_chunk_scan_combined
+
+    return mamba_chunk_scan_combined  # type: ignore[no-any-return]
+
+
+def scan(pf: Prefill, chunk: int) -> Any:
+    """The chunked scan of the packed rows; returns the chunk-boundary states (nchunks,H,P,N)."""
+    import torch
+
+    fn = sglang_scan()
+    cu = torch.tensor(pf.cu, dtype=torch.int32, device=pf.x.device)
+    seq_idx = torch.repeat_interleave(
+        torch.arange(len(pf.cu) - 1, dtype=torch.int32, device=pf.x.device), cu.diff()
+    )[None]
+    args = (pf.x[None], pf.dt[None], pf.a, pf.b[None], pf.c[None], chunk)
+    kw = dict(dt_bias=pf.dt_bias, dt_softplus=True, seq_idx=seq_idx, cu_seqlens=cu)
+    if fn is not None:
+        out = torch.empty_like(pf.x[None])
+        states, _, _ = fn(*args, **kw, out=out, return_varlen_states=True, return_track_states=True)
+        return states[0]
+    from mamba_ssm.ops.triton.ssd_combined import _mamba_chunk_scan_combined_fwd
+
+    return _mamba_chunk_scan_combined_fwd(*args, **kw)[4][0]
+
+
+def capture_ours(pf: Prefill, chunk: int, states: Any, ssm_out: Any, conv_out: Any) -> Any:
+    """Our launches for every capture (geometry as binding/capture_geometry.py plans it)."""
+    import torch
+
+    from jenga_sglang.binding.capture_geometry import plan_geometry
+    from jenga_sglang.binding.captures import Capture
+    from jenga_sglang.kernels.conv_gather import gather_conv_states
+    from jenga_sglang.kernels.roll_forward import DtProcessing, roll_forward_ssm_states
+
+    lens = [b - a for a, b in zip(pf.cu, pf.cu[1:], strict=False)]
+    caps = tuple(Capture(r, o, i) for i, (r, o) in enumerate(pf.caps))
+    geo = plan_geometry(caps, [0] * len(lens), lens, chunk, ssm_out.shape[0])
+    dev = pf.x.device
+
+    def ids(v: tuple[int, ...]) -> Any:
+        return torch.tensor(v, dtype=torch.int64, device=dev)
+
+    conv = [ids(v) for v in (geo.dst, geo.conv_start, geo.conv_count)]
+    rolls = [
+        (s, [ids(v) for v in (r.src, r.dst, r.start, r.count)])
+        for s, r in ((states, geo.from_chunks), (states, geo.from_start))
+        if r.dst
+    ]
+    proc = DtProcessing(pf.dt_bias, True)
+
+    def run() -> None:
+        gather_conv_states(pf.xbc, conv_out, *conv, checked=True)
+        for src_states, (src, dst, start, count) in rolls:
+            roll_forward_ssm_states(
+                src_states, src, ssm_out, dst, pf.x, pf.dt, pf.b, pf.a, start, count, proc,
+                checked=True,
+            )  # fmt: skip
+
+    return run
+
+
+def capture_sglang(pf: Prefill, chunk: int, states: Any, out: Any) -> Callable[[], None] | None:
+    """SGLang's tracked-state route: chunk_state_varlen over (row start, position) segments;
+    a row appears once per call, so captures are issued in ranks (k-th capture of each row)."""
+    if sglang_scan() is None:
+        return None
+    import torch
+    from sglang.kernels.ops.mamba.triton_ops.ssd_chunk_state import (
+        _chunk_cumsum_fwd,
+        chunk_state_varlen,
+    )
+
+    ranks: list[list[int]] = []
+    seen: dict[int, int] = {}
+    for i, (row, _) in enumerate(pf.caps):
+        k = seen.get(row, 0)
+        seen[row] = k + 1
+        if k == len(ranks):
+            ranks.append([])
+        ranks[k].append(i)
+    dev = pf.x.device
+
+    def run() -> None:
+        da, dt = _chunk_cumsum_fwd(pf.dt[None], pf.a, chunk, dt_bias=pf.dt_bias, dt_softplus=True)
+        for rank in ranks:
+            bounds = [
+                v
+                for i in rank
+                for v in (pf.cu[pf.caps[i][0]], pf.cu[pf.caps[i][0]] + pf.caps[i][1])
+            ]
+            got = chunk_state_varlen(
+                pf.b,
+                pf.x,
+                dt[0],
+                da[0],
+                torch.tensor(bounds, dtype=torch.int32, device=dev),
+                states,
+            )[::2]
+            out[torch.tensor(rank, device=dev)] = got.to(out.dtype)
+
+    return run
+
+
+def layer_forward(pf: Prefill, shape: dict[str, int], chunk: int) -> Callable[[], None]:
+    """The Mamba2 layer's prefill: projections, depthwise causal conv, chunked scan."""
+    import torch
+
+    t, d = pf.x.shape[0], shape["d_model"]
+    inner = shape["heads"] * shape["headdim"]
+    proj = 2 * inner + 2 * shape["groups"] * shape["dstate"] + shape["heads"]
+    dtype = torch.bfloat16 if pf.x.is_cuda else torch.float32
+    hidden = torch.randn(t, d, device=pf.x.device, dtype=dtype)
+    w_in = torch.randn(proj, d, device=pf.x.device, dtype=dtype)
+    w_out = torch.randn(d, inner, device=pf.x.device, dtype=dtype)
+    w_conv = torch.randn(pf.xbc.shape[1], 1, shape["conv_k"], device=pf.x.device)
+
+    def run() -> None:
+        hidden @ w_in.T
+        torch.nn.functional.conv1d(
+            pf.xbc.T[None], w_conv, padding=shape["conv_k"] - 1, groups=pf.xbc.shape[1]
         )
+        scan(pf, chunk)
+        pf.x.reshape(t, inner).to(dtype) @ w_out.T
+
+    return run
+
+
+def bench_capture(
+    model: str, rows: int, length: int, captures: int, timer: Timer
+) -> dict[str, Any]:
+    import torch
+
+    shape, chunk = SHAPES[model], SHAPES[model]["chunk"]
+    pf = make_prefill(shape, rows, length, captures, timer.device)
+    states = scan(pf, chunk)
+    n = len(pf.caps)
+    ours_out = torch.zeros(n, *states.shape[1:], device=timer.device)
+    conv_out = torch.zeros(n, pf.xbc.shape[1], shape["conv_k"] - 1, device=timer.device)
+    ours = capture_ours(pf, chunk, states, ours_out, conv_out)
+    row: dict[str, Any] = {"bench": "capture", "model": model, "tokens": rows * length}
+    row |= {"captures": n, "device": timer.device}
+    row["layer_forward_s"] = timer(layer_forward(pf, shape, chunk))
+    row["capture_s"] = timer(ours)
+    row["capture_share"] = row["capture_s"] / row["layer_forward_s"]
+    theirs_out = torch.zeros_like(ours_out)
+    theirs = capture_sglang(pf, chunk, states, theirs_out)
+    if theirs is not None:
+        row["sglang_track_s"] = timer(theirs)
+        row["routes_max_abs_diff"] = float((ours_out - theirs_out).abs().max())
     return row
 
 
@@ -143,16 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         _load_interpreter_patches()
-        timer = Timer("cpu", 3)
-        plan = [("smoke", 16, 4, 8, 24)]
-    else:
-        timer = Timer("cuda", args.repeats)
-        plan = [(m, 512, 64, 64, 8192) for m in ("nemotron-h-8b", "qwen3-next")]
-    for model, slots, pairs, r, prefix in plan:
-        print(json.dumps(bench_copy(model, slots, pairs, timer)))
-        if model in MAMBA2_MODELS:
-            for rr in (1, r // 2, r - 1):
-                print(json.dumps(bench_roll(model, 8 if args.smoke else 64, rr, prefix, timer)))
+        print(json.dumps(bench_capture("smoke", 4, 40, 8, Timer("cpu", 3))))
+        return
+    timer = Timer("cuda", args.repeats)
+    print(json.dumps(bench_capture("nemotron-h-8b", 8, 1024, 16, timer)))
 
 
 if __name__ == "__main__":

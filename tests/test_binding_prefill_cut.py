@@ -66,6 +66,7 @@ def _admit(adder: Any, req: Any, *_a: Any, **_k: Any) -> str:
 
 def _req(prefix: int, branch: int | None, input_len: int = 100) -> Any:
     return SimpleNamespace(
+        rid=f"cut-{prefix}-{branch}-{input_len}",
         prefix_len=prefix,
         mamba_branching_seqlen=branch,
         input_len=input_len,
@@ -156,3 +157,66 @@ def test_extra_buffer_leaves_the_last_chunk_to_the_prompt_end(extra_buffer_cache
     adder, req = _adder(extra_buffer_cache, chunk=500), _req(0, 300, input_len=300)
     assert around_add_one_req(_admit, adder, req, False, None) == CONTINUE
     assert req.extend_end == 300 and adder.new_chunked_req is None
+
+
+def _waiting(rid: str, ids: list[int], prefix: int, extend_end: int | None = None) -> Any:
+    return SimpleNamespace(
+        rid=rid,
+        prefix_len=prefix,
+        extend_end=len(ids) if extend_end is None else extend_end,
+        full_untruncated_fill_ids=ids,
+    )
+
+
+@pytest.fixture
+def inpass_cache() -> Any:
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.models import get_spec
+
+    return JengaRadixCache(
+        _params(True, 256), get_spec("nemotron-h-8b"), JengaOptions(True), inpass=True
+    )
+
+
+def test_a_request_waits_for_the_checkpoint_an_admitted_one_captures(inpass_cache: Any) -> None:
+    from jenga_sglang.binding.plans import Planned
+    from jenga_sglang.binding.shared_prefill import should_wait
+
+    system = list(range(10, 110))  # 100 shared tokens past the cached 20
+    a = _waiting("a", system + [1] * 30, prefix=20)
+    b = _waiting("b", system + [2] * 30, prefix=20)
+    for r in (a, b):
+        inpass_cache.plans.remember(r.rid, Planned((100, 130)))
+    assert not should_wait(inpass_cache, a, [])  # nobody computes it this round
+    assert should_wait(inpass_cache, b, [a])  # a captures 100 now: b hits it next round
+    other = _waiting("c", [7] * 100 + [2] * 30, prefix=20)
+    inpass_cache.plans.remember("c", Planned((100, 130)))
+    assert not should_wait(inpass_cache, other, [a])  # same position, other tokens
+    short = _waiting("d", system + [3] * 300, prefix=20)
+    inpass_cache.plans.remember("d", Planned((100, 400)))
+    assert not should_wait(inpass_cache, short, [a])  # 80 saved of 380: not worth a round
+    a.extend_end = 90
+    assert not should_wait(inpass_cache, b, [a])  # a's chunk stops before 100 this round
+
+
+def test_held_back_requests_give_back_their_staged_slot(inpass_cache: Any) -> None:
+    from jenga_sglang.binding.plans import Planned
+
+    system = list(range(10, 110))
+    a = _waiting("a", system + [1] * 30, prefix=20)
+    pool = inpass_cache.req_to_token_pool
+    slot = pool.mamba_allocator.alloc(1)
+    b = _waiting("b", system + [2] * 30, prefix=20)
+    b.kv = SimpleNamespace(
+        mamba_cow_src_index=slot, mamba_needs_clear=False, holds_mamba=True, mamba_pool_idx=slot[0]
+    )
+    for r in (a, b):
+        inpass_cache.plans.remember(r.rid, Planned((100, 130)))
+    free_before = pool.mamba_allocator.available_size()
+    adder = _adder(inpass_cache, chunk=500)
+    adder.can_run_list.append(a)
+    assert around_add_one_req(_admit, adder, b, False, None).name == "CONTINUE"
+    assert adder.can_run_list == [a] and b.kv.mamba_pool_idx is None
+    assert pool.mamba_allocator.available_size() == free_before + 1
+    assert inpass_cache.held_back == 1

@@ -124,6 +124,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             else None
         )
         self.prefill_cuts = 0  # chunks cut at a planned position (prefill_cut), cumulative
+        self.held_back = 0  # admissions deferred for a shared checkpoint (shared_prefill)
         self.hit_tokens = 0
         self.states_admitted = 0
         self.plans = RequestPlans()
@@ -152,6 +153,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             captures=0 if self.captures is None else self.captures.taken,
             captures_lost=0 if self.captures is None else self.captures.lost(),
             prefill_cuts=self.prefill_cuts,
+            held_back=self.held_back,
         )
 
     def sync_metrics(self) -> None:

@@ -20,6 +20,8 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
                                         slot free, or a forward our hooks did not serve
     jenga:prefill_cuts_total            prefill chunks ended at a planned checkpoint instead
                                         (binding/prefill_cut.py: one more prefill round each)
+    jenga:prefill_held_back_total       admissions put off one round to hit a checkpoint
+                                        another request captures (binding/shared_prefill.py)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.
@@ -47,6 +49,7 @@ class Snapshot:
     captures: int = 0
     captures_lost: int = 0
     prefill_cuts: int = 0
+    held_back: int = 0
 
 
 def _families() -> dict[str, Any]:
@@ -100,6 +103,11 @@ def _families() -> dict[str, Any]:
             "Prefill chunks ended at a planned checkpoint (one more prefill round each)",
             names,
         ),
+        held_back=Counter(
+            "jenga:prefill_held_back",
+            "Admissions put off one round to hit a checkpoint another request captures",
+            names,
+        ),
     )
     return _FAMILIES
 
@@ -127,6 +135,7 @@ class JengaMetrics:
             ("captures", now.captures, last.captures),
             ("captures_lost", now.captures_lost, last.captures_lost),
             ("cuts", now.prefill_cuts, last.prefill_cuts),
+            ("held_back", now.held_back, last.held_back),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)

@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from jenga_sglang.binding.shared_prefill import give_back_staged_state, should_wait
+
 ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 
 
@@ -96,6 +98,13 @@ def extra_buffer_cut(start: int, end: int, branch: int, grid: int) -> int | None
 def around_add_one_req(
     original: Callable[..., Any], adder: Any, req: Any, *a: Any, **k: Any
 ) -> Any:
+    cache = adder.tree_cache
+    if should_wait(cache, req, adder.can_run_list):  # binding/shared_prefill.py
+        give_back_staged_state(cache, req)
+        cache.held_back += 1
+        from sglang.srt.managers.schedule_policy import AddReqResult
+
+        return AddReqResult.CONTINUE  # still waiting; the scheduler goes on with the next
     has_chunked_req = bool(a[0] if a else k.get("has_chunked_req", False))
     result = original(adder, req, *a, **k)
     cut = _cut_position(adder, req)

@@ -1,4 +1,4 @@
-"""Conv-state gather against causal-conv1d's references; slot copies inside one byte buffer."""
+"""Conv-state gather at exact positions against causal-conv1d's references."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import torch
 import triton_cpu  # noqa: F401  (interpreter patches before the kernels import triton)
 
 from jenga_sglang.kernels.conv_gather import NO_INIT, gather_conv_states
-from jenga_sglang.kernels.state_copy import SlotView, copy_slot_pairs, copy_slots, slot_view_of
 
 pytestmark = pytest.mark.exactness
 
@@ -101,90 +100,14 @@ def test_conv_bad_arguments() -> None:
     assert NO_INIT == -1 and out.abs().max() == 0
 
 
-# One Mamba state page per slot: bf16 conv (D x 3) then fp32 temporal (2 x 4 x 8), 8-byte padded;
-# KV pages of another type carved from the same buffer after the state pages.
-CONV_BYTES, SSM_BYTES, PAGE = D * 3 * 2, 2 * 4 * 8 * 4, 384
-KV_PAGE, N_STATE, N_KV = 96, 6, 8
-
-
-def _buffer() -> tuple[torch.Tensor, list[SlotView]]:
-    buf = torch.randint(0, 256, (PAGE * N_STATE + KV_PAGE * N_KV,), dtype=torch.uint8)
-    views = [
-        SlotView("conv", 0, PAGE, CONV_BYTES, N_STATE, itemsize=2),
-        SlotView("temporal", CONV_BYTES, PAGE, SSM_BYTES, N_STATE, itemsize=4),
-        SlotView("kv", PAGE * N_STATE, KV_PAGE, KV_PAGE, N_KV, itemsize=2),
-    ]
-    return buf, views
-
-
-def _expected(
-    buf: torch.Tensor, views: list[SlotView], jobs: list[tuple[int, int, int]]
-) -> torch.Tensor:
-    want = buf.clone()
-    for v, s, d in jobs:
-        (a, b), (c, e) = views[v].span(s), views[v].span(d)
-        want[c:e] = buf[a:b]
-    return want
-
-
-def test_mixed_dtype_state_and_kv_copies_in_one_launch_are_bit_exact() -> None:
-    buf, views = _buffer()
-    jobs = [(0, 1, 4), (1, 1, 4), (0, 2, 5), (1, 0, 3), (2, 0, 7), (2, 3, 1), (2, 6, 6)]
-    want = _expected(buf, views, jobs)
-    copy_slots(buf, views, jobs)
-    assert torch.equal(buf, want)  # destinations copied, every other byte untouched
-
-
-def test_pairs_copy_every_view_and_typed_views_agree() -> None:
-    buf, views = _buffer()
-    pool = buf[: PAGE * N_STATE].view(N_STATE, PAGE)
-    conv = pool[:, :CONV_BYTES].view(torch.bfloat16).view(N_STATE, D, 3)
-    ssm = pool[:, CONV_BYTES : CONV_BYTES + SSM_BYTES].view(torch.float32).view(N_STATE, 2, 4, 8)
-    derived = [slot_view_of("conv", buf, conv), slot_view_of("temporal", buf, ssm)]
-    assert derived == views[:2]
-    conv_src, ssm_src = conv[2].clone(), ssm[2].clone()
-    copy_slot_pairs(buf, derived, [(2, 0), (2, 5)])
-    for d in (0, 5):
-        assert torch.equal(conv[d].view(torch.int16), conv_src.view(torch.int16))
-        assert torch.equal(ssm[d].view(torch.int32), ssm_src.view(torch.int32))
-
-
-def test_byte_granular_views_fall_back_to_byte_words() -> None:
-    buf = torch.arange(64, dtype=torch.uint8)
-    view = SlotView("odd", 1, 7, 5, 8)
-    copy_slots(buf, [view], [(0, 0, 3)])
-    assert buf[22:27].tolist() == [1, 2, 3, 4, 5] and buf[27] == 27
-
-
-@pytest.mark.parametrize(
-    ("view", "jobs", "message"),
-    [
-        (SlotView("t", 2, PAGE, SSM_BYTES, 2, itemsize=4), [(0, 0, 1)], "base=2 is not aligned"),
-        (SlotView("t", 0, 100, 120, 4, itemsize=4), [(0, 0, 1)], "slots overlap"),
-        (SlotView("t", 0, PAGE, PAGE, 99), [(0, 0, 1)], "last slot ends at byte"),
-        (
-            SlotView("t", 0, PAGE, 64, 4),
-            [(0, 0, 4)],
-            r"jobs\[0\]: dst slot 4 of view 't' is out of range \[0, 4\)",
-        ),
-        (SlotView("t", 0, PAGE, 64, 4), [(0, -1, 2)], r"src slot -1 of view 't'"),
-        (SlotView("t", 0, PAGE, 64, 4), [(1, 0, 2)], r"jobs\[0\]: view 1 is out of range \[0, 1\)"),
-        (SlotView("t", 0, PAGE, 64, 4), [(0, 0, 2), (0, 1, 2)], "overlap"),
-        (SlotView("t", 0, PAGE, 64, 4), [(0, 0, 2), (0, 2, 3)], "overlap"),
-    ],
-)
-def test_copy_rejects_bad_views_and_jobs(
-    view: SlotView, jobs: list[tuple[int, int, int]], message: str
-) -> None:
-    buf, _ = _buffer()
-    before = buf.clone()
-    with pytest.raises(ValueError, match=message):
-        copy_slots(buf, [view], jobs)
-    assert torch.equal(buf, before)
-
-
-def test_overlap_between_different_views_is_rejected() -> None:
-    buf, views = _buffer()
-    wide = SlotView("wide", 0, PAGE, PAGE, N_STATE, itemsize=4)
-    with pytest.raises(ValueError, match="overlap"):
-        copy_slots(buf, [*views, wide], [(0, 0, 1), (3, 1, 2)])
+def test_checked_launch_may_gather_within_the_live_pool() -> None:
+    """In-pass capture reads a row's older inputs from its live slot and writes the capture
+    into another slot of the same pool tensor (the caller checked they are distinct)."""
+    xbc = _xbc(6, 7)
+    pool = torch.randn(4, D, K - 1)
+    before = pool.clone()
+    dst, start, count, init = (torch.tensor([v]) for v in (3, 0, 2, 1))
+    gather_conv_states(xbc, pool, dst, start, count, pool, init, checked=True)
+    # State after 2 of this prefill's tokens: the last of slot 1's inputs, then tokens 0 and 1.
+    assert torch.equal(pool[3], torch.cat([before[1][:, 2:], xbc[:2].T], dim=1))
+    assert torch.equal(pool[:3], before[:3])
