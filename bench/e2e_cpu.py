@@ -7,6 +7,7 @@ cached tokens and mean TTFT per turn for both variants, the fork branches' cache
 whether the greedy outputs were identical.
 
     .venv/bin/python -m jenga_sglang.bench.e2e_cpu [--model data/tiny-model] [--json]
+        [--strategy no_buffer|extra_buffer]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from jenga_sglang.bench.agent import AgentParams
 from jenga_sglang.bench.online import OnlineConfig, run_online
-from jenga_sglang.bench.server import LocalServer, ServerError
+from jenga_sglang.bench.server import STRATEGIES, LocalServer, ServerError
 from jenga_sglang.bench.traces_cli import cached_trace
 
 VARIANTS: dict[str, tuple[str, ...]] = {"stock": (), "jenga": ("--enable-jenga",)}
@@ -33,12 +34,17 @@ def small_agent_trace(cache_dir: Path, sessions: int = 2) -> Path:
 
 
 def serve_and_measure(
-    model: str, flags: Sequence[str], trace: Path, config: OnlineConfig, log: Path
+    model: str,
+    flags: Sequence[str],
+    trace: Path,
+    config: OnlineConfig,
+    log: Path,
+    strategy: str = "no_buffer",
 ) -> dict[str, Any]:
     """One server: the multi-turn replay, then the fork program."""
     from jenga_sglang.bench.frontend_fork import run_fork
 
-    with LocalServer(model, flags, log=log) as server:
+    with LocalServer(model, flags, log=log, strategy=strategy) as server:
         replay = run_online(str(trace), dataclasses.replace(config, url=server.url))
         fork = run_fork(server.url)
     return {"replay": replay, "fork": fork}
@@ -63,10 +69,14 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_e2e(model: str, out_dir: Path, config: OnlineConfig, sessions: int) -> dict[str, Any]:
+def run_e2e(
+    model: str, out_dir: Path, config: OnlineConfig, sessions: int, strategy: str = "no_buffer"
+) -> dict[str, Any]:
     trace = small_agent_trace(out_dir / "traces", sessions)
     runs = {
-        name: serve_and_measure(model, flags, trace, config, out_dir / f"server-{name}.log")
+        name: serve_and_measure(
+            model, flags, trace, config, out_dir / f"server-{name}.log", strategy
+        )
         for name, flags in VARIANTS.items()
     }
     briefs = {name: _brief(run) for name, run in runs.items()}
@@ -74,6 +84,7 @@ def run_e2e(model: str, out_dir: Path, config: OnlineConfig, sessions: int) -> d
     same_fork = len({tuple(b["fork_answers"]) for b in briefs.values()}) == 1
     return {
         "model": model,
+        "strategy": strategy,
         "trace": str(trace),
         "identical_outputs": same and same_fork,
         **briefs,
@@ -90,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-output-tokens", type=int, default=8, help="reply tokens at most")
     parser.add_argument("--max-user-words", type=int, default=40, help="words per user message")
     parser.add_argument("--max-seconds", type=float, default=400.0, help="replay time budget")
+    parser.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default="no_buffer",
+        help="Mamba cache strategy: no_buffer (no overlap) or extra_buffer (overlap scheduling)",
+    )
     args = parser.parse_args(argv)
     if not (Path(args.model) / "config.json").exists():
         print(f"e2e-cpu: error: no model at {args.model} (run `make tiny-model`)", file=sys.stderr)
@@ -104,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out = Path(args.out)
     try:
-        summary = run_e2e(args.model, out, config, args.sessions)
+        summary = run_e2e(args.model, out, config, args.sessions, args.strategy)
     except ServerError as exc:
         print(f"e2e-cpu: error: {exc}", file=sys.stderr)
         return 1
