@@ -13,6 +13,7 @@ Variants: `stock` (no flag), `jenga` (`--enable-jenga`), and on request `jenga-c
 forward capturing it in-pass; one more prefill round per checkpoint).
 
     .venv/bin/python -m jenga_sglang.bench.e2e_cpu [--model data/tiny-model] [--variants ...]
+        [--strategy no_buffer|extra_buffer]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from jenga_sglang.bench.agent import AgentParams
 from jenga_sglang.bench.online import OnlineConfig, run_online
-from jenga_sglang.bench.server import LocalServer, ServerError
+from jenga_sglang.bench.server import STRATEGIES, LocalServer, ServerError
 from jenga_sglang.bench.synthetic import SystemChatParams
 from jenga_sglang.bench.traces_cli import cached_trace
 
@@ -59,14 +60,19 @@ def prefill_rounds(log_text: str) -> int:
 
 
 def serve_and_measure(
-    model: str, flags: Sequence[str], traces: dict[str, Path], config: OnlineConfig, log: Path
+    model: str,
+    flags: Sequence[str],
+    traces: dict[str, Path],
+    config: OnlineConfig,
+    log: Path,
+    strategy: str = "no_buffer",
 ) -> dict[str, Any]:
     """One server: the multi-turn replay, the fork program, the chat load; the prefill
     rounds of each, from the part of the server's log it wrote."""
     from jenga_sglang.bench.frontend_fork import run_fork
 
     rounds: dict[str, int] = {}
-    with LocalServer(model, flags, log=log) as server:
+    with LocalServer(model, flags, log=log, strategy=strategy) as server:
         url = server.url
         workloads: dict[str, Any] = {
             "agent": lambda: run_online(str(traces["agent"]), dataclasses.replace(config, url=url)),
@@ -127,6 +133,7 @@ def run_e2e(
     config: OnlineConfig,
     sessions: int,
     variants: Sequence[str] = DEFAULT_VARIANTS,
+    strategy: str = "no_buffer",
 ) -> dict[str, Any]:
     traces = {
         "agent": small_agent_trace(out_dir / "traces", sessions),
@@ -134,7 +141,7 @@ def run_e2e(
     }
     runs = {
         name: serve_and_measure(
-            model, VARIANTS[name], traces, config, out_dir / f"server-{name}.log"
+            model, VARIANTS[name], traces, config, out_dir / f"server-{name}.log", strategy
         )
         for name in variants
     }
@@ -145,6 +152,7 @@ def run_e2e(
     return {
         "model": model,
         "traces": {name: str(path) for name, path in traces.items()},
+        "strategy": strategy,
         "identical_outputs": same and same_fork,
         # Eight concurrent requests batch differently on each server; see docs/e2e-cpu.md.
         "identical_outputs_chat8": same_chat,
@@ -162,6 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-output-tokens", type=int, default=8, help="reply tokens at most")
     parser.add_argument("--max-user-words", type=int, default=40, help="words per user message")
     parser.add_argument("--max-seconds", type=float, default=400.0, help="replay time budget")
+    parser.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default="no_buffer",
+        help="Mamba cache strategy: no_buffer (no overlap) or extra_buffer (overlap scheduling)",
+    )
     parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
@@ -187,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     try:
-        summary = run_e2e(args.model, out, config, args.sessions, variants)
+        summary = run_e2e(args.model, out, config, args.sessions, variants, args.strategy)
     except ServerError as exc:
         print(f"e2e-cpu: error: {exc}", file=sys.stderr)
         return 1

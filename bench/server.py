@@ -3,6 +3,15 @@
 The server runs in its own process group so that stopping it also stops the scheduler and
 detokenizer processes it spawns; every wait is bounded, and a server that dies or never gets
 ready raises `ServerError` with the tail of its log.
+
+Two Mamba cache strategies (`strategy=`), each with the scheduling SGLang allows it:
+
+* ``no_buffer`` without overlap scheduling (what SGLang resolves on CPU by itself);
+* ``extra_buffer`` with overlap scheduling (SGLang's GPU default). SGLang refuses it on CPU;
+  the plugin allows it under the Triton interpreter (jenga_sglang/cpu_interpreter.py), and the
+  server gets ``SGLANG_MAMBA_CONV_DTYPE=float32`` because SGLang's snapshot of the conv window
+  writes the model's activations into the conv state by index, which needs equal dtypes
+  (bf16 conv states by default; the tiny model runs in float32; docs/e2e-cpu.md).
 """
 
 from __future__ import annotations
@@ -26,13 +35,20 @@ CPU_FLAGS: tuple[str, ...] = (
     "--attention-backend", "torch_native",
     "--disable-cuda-graph",
     "--dtype", "float32",
-    "--mamba-radix-cache-strategy", "no_buffer",
-    "--disable-overlap-schedule",
     "--skip-server-warmup",
     "--enable-cache-report",
     "--mem-fraction-static", "0.05",
     "--max-total-tokens", "4096",
 )  # fmt: skip
+
+STRATEGIES: dict[str, tuple[str, ...]] = {
+    "no_buffer": ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"),
+    "extra_buffer": ("--mamba-radix-cache-strategy", "extra_buffer"),  # overlap: SGLang's default
+}
+STRATEGY_ENV: dict[str, dict[str, str]] = {
+    "no_buffer": {},
+    "extra_buffer": {"SGLANG_MAMBA_CONV_DTYPE": "float32"},  # the model's dtype (see above)
+}
 
 
 class ServerError(RuntimeError):
@@ -57,6 +73,8 @@ class LocalServer:
 
     >>> with LocalServer("data/tiny-model", ["--enable-jenga"], log=Path("out/s.log")) as s:
     ...     s.url  # 'http://127.0.0.1:<port>'
+
+    `strategy` picks the Mamba cache strategy and its scheduling (`STRATEGIES`).
     """
 
     def __init__(
@@ -66,7 +84,11 @@ class LocalServer:
         *,
         log: Path,
         ready_timeout_s: float = 600.0,
+        strategy: str = "no_buffer",
     ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
+        self.strategy = strategy
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -74,13 +96,14 @@ class LocalServer:
         self.argv = [
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port),
-            *CPU_FLAGS, *extra_flags,
+            *CPU_FLAGS, *STRATEGIES[strategy], *extra_flags,
         ]  # fmt: skip
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LocalServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, TRITON_INTERPRET="1")  # Triton kernels run in the interpreter
+        # Triton kernels run in the interpreter
+        env = dict(os.environ, TRITON_INTERPRET="1", **STRATEGY_ENV[self.strategy])
         with self.log.open("wb") as sink:
             self._proc = subprocess.Popen(
                 self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True

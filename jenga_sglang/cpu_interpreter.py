@@ -14,6 +14,13 @@ What and why:
 - SGLang's ``MambaMixer2`` binds ``causal_conv1d_fn[_triton]`` / ``causal_conv1d_update[_triton]``
   only on CUDA, NPU and XPU; on CPU the names are missing (``NameError`` at the first prefill).
   We bind them to SGLang's portable Triton implementation, as its XPU branch does.
+- ``Tensor.pin_memory()`` returns the tensor itself: pinned host memory exists only to speed up
+  copies to a GPU, and without CUDA torch raises (``Found no NVIDIA driver``). SGLang guards
+  every pin with ``is_pin_memory_available`` except one, the decode track mask of the
+  extra_buffer strategy (``ScheduleBatch.prepare_for_decode``).
+
+The hooks that let SGLang take its ``extra_buffer`` snapshot path in this mode are in
+jenga_sglang/binding/cpu_snapshots.py.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _MAMBA_MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
 _FIRST_CONFIG_FLAG = "_jenga_first_config_only"
+_UNPINNED_FLAG = "_jenga_unpinned"
 
 
 @contextlib.contextmanager
@@ -79,6 +87,20 @@ def bind_sglang_conv_kernels() -> list[str]:
     return bound
 
 
+def patch_pin_memory() -> None:
+    """``Tensor.pin_memory()`` hands back the tensor (no GPU: nothing to pin for); idempotent."""
+    import torch
+
+    if getattr(torch.Tensor.pin_memory, _UNPINNED_FLAG, False):
+        return
+
+    def unpinned(self: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return self
+
+    setattr(unpinned, _UNPINNED_FLAG, True)
+    torch.Tensor.pin_memory = unpinned  # type: ignore[method-assign,assignment]
+
+
 def sglang_needs_cpu_patches() -> bool:
     """True in a process that serves with the Triton interpreter on a machine without CUDA."""
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -89,9 +111,10 @@ def sglang_needs_cpu_patches() -> bool:
 
 
 def install_for_sglang() -> None:
-    """All three patches, for an SGLang process (called from the plugin's ``register``)."""
+    """All four patches, for an SGLang process (called from the plugin's ``register``)."""
     patch_device_context()
     limit_autotuner()
+    patch_pin_memory()
     bound = bind_sglang_conv_kernels()
     logger.info(
         "jenga: Triton CPU interpreter patches applied (pid %d; bound %s)",

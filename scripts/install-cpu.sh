@@ -28,6 +28,8 @@ pip install -q einops ninja "kernels>=0.14.1,<0.15"
 pip install -q fastapi==0.165.0 uvicorn==0.54.0 uvloop==0.23.0 python-multipart==0.0.34 \
   setproctitle==1.3.8 prometheus-client==0.26.0 interegular==0.3.3 xxhash==4.1.0 \
   jsonschema==4.26.0 xgrammar==0.2.7 soundfile==0.13.1
+# SGLang's benchmark client (`python -m sglang.bench_serving`) imports datasets.
+pip install -q datasets==5.2.0
 # Only the tokenizer data file of mistral-common is used; its own dependency tree is not needed.
 pip install -q --no-deps mistral-common==1.13.1
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE \

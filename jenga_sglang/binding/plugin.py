@@ -22,7 +22,8 @@ and the radix-cache backend `jenga` (registered before parsing, so the flag acce
 
 On a machine without CUDA running under ``TRITON_INTERPRET=1`` it also applies the Triton CPU
 interpreter patches (jenga_sglang/cpu_interpreter.py) in each process, so that stock SGLang can
-serve a hybrid model on CPU (docs/e2e-cpu.md); elsewhere it changes nothing of SGLang's.
+serve a hybrid model on CPU (docs/e2e-cpu.md), and lets SGLang take its `extra_buffer`
+snapshot path there (binding/cpu_snapshots.py); elsewhere it changes nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang.binding import capture_forward, pool_hook, prefill_cut
+    from jenga_sglang.binding import capture_forward, cpu_snapshots, pool_hook, prefill_cut
     from jenga_sglang.binding.factory import build_tree_cache
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
@@ -93,3 +94,4 @@ def register() -> None:
     )
     HookRegistry.register(f"{configurator}.configure", pool_hook.after_configure, HookType.AFTER)
     capture_forward.register(HookRegistry, HookType)
+    cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only
