@@ -51,6 +51,46 @@ def build_runner(model: str, strategy: str) -> Any:
     return runner.torch_runner, server_args
 
 
+class GatherCheck:
+    """Wraps the conv gather the capture hooks launch and checks, bit for bit, that every
+    captured conv state is the K-1 conv inputs before its position that this very forward
+    used (from the packed inputs, and the row's live slot for inputs before the chunk)."""
+
+    def __init__(self) -> None:
+        import jenga_sglang.binding.capture_forward as hooks
+
+        self.calls = 0
+        self.mismatches = 0
+        original = hooks.gather_conv_states
+
+        def checked(xbc: Any, out: Any, dst: Any, start: Any, count: Any, init: Any,
+                    init_idx: Any, **k: Any) -> None:  # fmt: skip
+            import torch
+
+            km1 = out.shape[2]
+            older = [None if i < 0 else init[i].clone() for i in init_idx.tolist()]
+            original(xbc, out, dst, start, count, init, init_idx, **k)
+            self.calls += 1
+            for j, (d, s0, n) in enumerate(zip(dst.tolist(), start.tolist(), count.tolist(), strict=True)):
+                cols = []
+                for t in range(n - km1, n):
+                    if t >= 0:
+                        cols.append(xbc[s0 + t])
+                    elif older[j] is not None:
+                        cols.append(older[j][:, km1 + t].to(xbc.dtype))
+                    else:
+                        cols.append(torch.zeros_like(xbc[0]))
+                want = torch.stack(cols, dim=1).to(out.dtype)
+                bad = not torch.equal(out[d], want)
+                if bad and self.mismatches < 3:
+                    import sys
+                    diff = (out[d].float() - want.float()).abs()
+                    print("MISMATCH", d, s0, n, km1, init_idx.tolist()[j], out.dtype, xbc.dtype, tuple(out.shape), diff.max().item(), (diff > 0).nonzero()[:5].tolist(), out[d][:2].tolist(), want[:2].tolist(), file=sys.stderr)
+                self.mismatches += int(bad)
+
+        hooks.gather_conv_states = checked
+
+
 class Probe:
     def __init__(self, runner: Any, strategy: str) -> None:
         from sglang.benchmark.one_batch import TreeCacheNamespace
@@ -311,12 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runner, _ = build_runner(args.model, args.strategy)
     probe = Probe(runner, args.strategy)
+    gathers = GatherCheck()
     for row in scenarios(probe):
         print(json.dumps(row), flush=True)
     print(json.dumps({"scenario": "logits", "unchanged": logits_unchanged(probe)}), flush=True)
     snap = probe.cache.snapshot()
     row = {"scenario": "slots", "settled": probe.slots_settled(), "captures": snap.captures}
     row |= {"lost": snap.captures_lost, "cuts": snap.prefill_cuts}
+    print(json.dumps(row), flush=True)
+    row = {"scenario": "gather", "calls": gathers.calls, "mismatches": gathers.mismatches}
     print(json.dumps(row), flush=True)
     return 0
 

@@ -84,7 +84,8 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     text = _run([str(probe)], tmp_path)
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
-        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True, ghost_tokens=1000)\", "
+        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True, ghost_tokens=1000, "
+        "capture='in-pass')\", "
         "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text

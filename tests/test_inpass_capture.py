@@ -3,8 +3,12 @@
 The probe serves the tiny NemotronH with SGLang's ModelRunner and our cache in a subprocess,
 once per Mamba strategy, and compares every captured state with the state after prefilling
 [0, p) alone the same way (from scratch, chunked, or resumed from the cached state): SSM state
-within 1e-5 (fp32), conv state bit-exact. Positions cover p below the conv width, before, at
-and after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
+within 1e-5 (fp32). Conv state: every capture is bit for bit the conv inputs its forward used
+(checked inside the forward), and equals the prefix-alone conv state bit for bit at SGLang's
+default bf16 conv dtype (no_buffer); extra_buffer on CPU needs fp32 conv states (an fp32 model;
+bench/server.py), where the prefix-alone prefill's own in_proj GEMM rounds differently by a few
+ulps (within 1e-5), not the capture. Positions cover p below the conv width, before, at and
+after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
 request, the second and third chunk of a chunked prefill, and the admission's own plan.
 The pure parts (geometry, slot bookkeeping) are tested here directly.
 """
@@ -102,9 +106,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
+    from jenga_sglang.bench.server import STRATEGY_ENV
+
     done = subprocess.run(
         [sys.executable, "-m", "tests.inpass_probe", "--model", str(model), "--strategy", strategy],
         cwd=ROOT,
+        env=dict(os.environ, **STRATEGY_ENV[strategy]),
         capture_output=True,
         text=True,
         timeout=1200,
@@ -115,7 +122,7 @@ def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("strategy", ["no_buffer"])
+@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: str) -> None:
     found = _probe(tiny_model, strategy)
     scenarios = ["single", "batch-row0", "batch-row1", "batch-row2", "resumed", "chunked"]
@@ -124,11 +131,13 @@ def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: st
             where = f"{strategy} {name} p={row['p']}"
             assert row["captured"], where
             assert row["temporal_err"] <= FP32_TOL, where
-            assert row["conv_exact"], where
+            assert row["conv_err"] <= FP32_TOL, where
+            assert row["conv_exact"] or strategy == "extra_buffer", where
     assert found["resumed"]["hit"] == 100  # it started from the cached state
     assert found["natural"]["planned"] == [70, 120]  # branch point, prompt end
     assert found["logits"]["unchanged"]  # capturing does not perturb the forward
     assert found["slots"]["settled"]  # every capture slot taken or freed
+    assert found["gather"]["calls"] > 0 and found["gather"]["mismatches"] == 0
     counted = found["slots"]  # what jenga:inpass_captures / _lost / prefill_cuts export
     assert counted["captures"] >= 36 and counted["lost"] == 0 and counted["cuts"] == 0
 
