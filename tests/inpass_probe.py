@@ -51,6 +51,18 @@ def build_runner(model: str, strategy: str) -> Any:
     return runner.torch_runner, server_args
 
 
+def _stored(values: Any, dtype: Any) -> list[Any]:
+    """The ways a kernel may store fp32 ``values`` as ``dtype``: rounded to nearest even (torch,
+    Triton on a GPU) or, for bf16 under the Triton interpreter, truncated (its numpy cast drops
+    the low 16 bits; SGLang's own conv kernel stores its states the same way there)."""
+    import torch
+
+    ways = [values.to(dtype)]
+    if dtype == torch.bfloat16 and values.dtype == torch.float32:
+        ways.append((values.view(torch.int32) & -65536).view(torch.float32).to(dtype))
+    return ways
+
+
 class GatherCheck:
     """Wraps the conv gather the capture hooks launch and checks, bit for bit, that every
     captured conv state is the K-1 conv inputs before its position that this very forward
@@ -71,7 +83,9 @@ class GatherCheck:
             older = [None if i < 0 else init[i].clone() for i in init_idx.tolist()]
             original(xbc, out, dst, start, count, init, init_idx, **k)
             self.calls += 1
-            for j, (d, s0, n) in enumerate(zip(dst.tolist(), start.tolist(), count.tolist(), strict=True)):
+            for j, (d, s0, n) in enumerate(
+                zip(dst.tolist(), start.tolist(), count.tolist(), strict=True)
+            ):
                 cols = []
                 for t in range(n - km1, n):
                     if t >= 0:
@@ -80,13 +94,10 @@ class GatherCheck:
                         cols.append(older[j][:, km1 + t].to(xbc.dtype))
                     else:
                         cols.append(torch.zeros_like(xbc[0]))
-                want = torch.stack(cols, dim=1).to(out.dtype)
-                bad = not torch.equal(out[d], want)
-                if bad and self.mismatches < 3:
-                    import sys
-                    diff = (out[d].float() - want.float()).abs()
-                    print("MISMATCH", d, s0, n, km1, init_idx.tolist()[j], out.dtype, xbc.dtype, tuple(out.shape), diff.max().item(), (diff > 0).nonzero()[:5].tolist(), out[d][:2].tolist(), want[:2].tolist(), file=sys.stderr)
-                self.mismatches += int(bad)
+                want = torch.stack(cols, dim=1)
+                self.mismatches += int(
+                    not any(torch.equal(out[d], w) for w in _stored(want, out.dtype))
+                )
 
         hooks.gather_conv_states = checked
 
