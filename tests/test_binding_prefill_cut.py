@@ -196,6 +196,11 @@ def test_a_request_waits_for_the_checkpoint_an_admitted_one_captures(inpass_cach
     short = _waiting("d", system + [3] * 300, prefix=20)
     inpass_cache.plans.remember("d", Planned((100, 400)))
     assert not should_wait(inpass_cache, short, [a])  # 80 saved of 380: not worth a round
+    same = _waiting("e", list(a.full_untruncated_fill_ids), prefix=20)
+    inpass_cache.plans.remember("e", Planned((100, 130)))
+    assert should_wait(inpass_cache, same, [a])  # the same prompt waits for the branch point
+    inpass_cache.plans.remember("e", Planned((130,)))
+    assert not should_wait(inpass_cache, same, [a])  # but not for its own end: no hit there
     a.extend_end = 90
     assert not should_wait(inpass_cache, b, [a])  # a's chunk stops before 100 this round
 

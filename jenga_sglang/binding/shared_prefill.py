@@ -11,12 +11,12 @@ own plan names the same p on the same tokens is held back one round: next round 
                B: hit ... p ... end              held back: [hit, p) would be computed twice
     round k+1: B:         p ... end              hits p
 
-Held back only when that saves at least half of the request's uncached tokens (and at least
-`MIN_SAVED` tokens): one round of waiting then buys a shorter prefill for it and a smaller
-round for the others, the trade SGLang's own in-batch prefix caching makes. Each hold advances
-the request's hit past p, so a request is held back a bounded number of times. A held-back
-request gives back the Mamba slot its match staged, as SGLang does for a request it does not
-admit.
+Held back only for a p short of the request's own end, and only when that saves at least half
+of the request's uncached tokens (and at least `MIN_SAVED` tokens): one round of waiting then
+buys a shorter prefill for it and a smaller round for the others, the trade SGLang's own
+in-batch prefix caching makes. Each hold advances the request's hit past p, so a request is
+held back a bounded number of times. A held-back request gives back the Mamba slot its match
+staged, as SGLang does for a request it does not admit.
 """
 
 from __future__ import annotations
@@ -32,9 +32,15 @@ def should_wait(cache: Any, req: Any, admitted: Sequence[Any]) -> bool:
     """Whether `req` waits one round for a checkpoint an admitted request captures now."""
     if getattr(cache, "captures", None) is None:
         return False
-    start = int(req.prefix_len)
-    todo = len(req.full_untruncated_fill_ids) - start
-    mine = [p for p in cache.plans.get(req.rid).positions if p - start >= max(MIN_SAVED, todo / 2)]
+    start, total = int(req.prefix_len), len(req.full_untruncated_fill_ids)
+    todo = total - start
+    # p == total is useless to wait for: a hit leaves at least the last token to compute, and
+    # no state sits before it (two identical prompts in one round both prefill, as in SGLang).
+    mine = [
+        p
+        for p in cache.plans.get(req.rid).positions
+        if p < total and p - start >= max(MIN_SAVED, todo / 2)
+    ]
     for p in reversed(mine):  # the deepest shared checkpoint saves the most
         for other in admitted:
             if _captures_for(cache, other, p, req):
