@@ -1,4 +1,4 @@
-"""`jenga-bench`: replay, sweep, report, traces, demo.
+"""`jenga-bench`: replay, sweep, report, traces, demo, online, long-batch, overhead.
 
     jenga-bench replay --trace PATH --model marconi-7b --cache-gb 2 --policy jenga --json
     jenga-bench sweep --trace A --trace B --cache-gb 1,2,5 --policies jenga,marconi --json
@@ -6,6 +6,7 @@
     jenga-bench traces build sharegpt --rate 1
     jenga-bench demo
     jenga-bench long-batch --cache-gb 54,24,18,8 --plot out/long-batch.png
+    jenga-bench overhead --nodes 10000,100000 --prompt-tokens 1024,32768,131072 --json
 
 Bad input (missing or malformed trace, unknown policy / model / mode) prints one line on
 stderr and exits with status 2. Subcommands import what they need when they run: the
@@ -138,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jenga_sglang.bench.long_batch_cli import add_long_batch_parser
 
     add_long_batch_parser(sub)
+    from jenga_sglang.bench.overhead_cli import add_overhead_parser
+
+    add_overhead_parser(sub)
     return parser
 
 

@@ -52,6 +52,7 @@ class SglangNativeCache:
         chunk_tokens: int,
         unified: bool = False,
         tree: str = "sglang",
+        max_running: int = 1,
     ) -> None:
         if chunk_tokens < MAMBA_CHUNK:
             raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
@@ -60,8 +61,12 @@ class SglangNativeCache:
         # Our backend needs exact states: no_buffer keeps the live state at each chunk's end.
         self.extra_buffer = tree == "sglang"
         sglang_pools.server_args(unified, self.extra_buffer)
-        build = sglang_pools.unified_pools if unified else sglang_pools.static_pools
-        pools = build(spec, split, max_context_len, self.extra_buffer)
+        if unified:
+            pools = sglang_pools.unified_pools(spec, split, max_context_len, self.extra_buffer)
+        else:
+            pools = sglang_pools.static_pools(
+                spec, split, max_context_len, self.extra_buffer, max_running
+            )
         self.spec = spec
         self.split = split
         self.chunk_tokens = chunk_tokens
@@ -84,14 +89,18 @@ class SglangNativeCache:
             raise ValueError("request has no input tokens")
         if len(inp) + len(out) > self.kv_capacity:
             return None
-        req = self._new_req(inp, len(out))
+        req = self.admit(inp, len(out))
         hit = int(req.prefix_len)
-        self._prefill(req, out[0] if out else None)
+        self.prefill(req, out[0] if out else None)
         self._decode(req, inp, out)
-        self._finish(req, len(out))
+        self.finish(req, len(out))
         return hit
 
-    def _new_req(self, inp: Sequence[int], max_new: int) -> Any:
+    # The scheduler's steps for one request, in its order (`serve` runs them back to back;
+    # bench/overhead.py keeps many requests between `prefill` and `finish`).
+
+    def admit(self, inp: Sequence[int], max_new: int) -> Any:
+        """A new request: its row and Mamba slot, the prefix match and the lock."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.mem_cache.allocation import alloc_req_slots
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -108,7 +117,8 @@ class SglangNativeCache:
         req.lock = self.tree.lock(req.last_node)  # as PrefillAdder does on admission
         return req
 
-    def _prefill(self, req: Any, first_output: int | None) -> None:
+    def prefill(self, req: Any, first_output: int | None) -> None:
+        """Every prefill chunk: KV slots, the tracked state, `checkpoint_kv_cache`."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.mem_cache.common import checkpoint_kv_cache
 
@@ -154,7 +164,8 @@ class SglangNativeCache:
         req.kv.kv_committed_len = end
         req.kv.kv_allocated_len = end
 
-    def _finish(self, req: Any, n_out: int) -> None:
+    def finish(self, req: Any, n_out: int) -> None:
+        """The request ends: `release_kv_cache(checkpoint=True)` inserts and unlocks."""
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH
         from sglang.srt.mem_cache.common import release_kv_cache
 

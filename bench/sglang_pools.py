@@ -128,16 +128,20 @@ def _kv_heads(spec: ModelSpec) -> tuple[int, int]:
 
 
 def static_pools(
-    spec: ModelSpec, split: SglangSplit, max_context_len: int, extra_buffer: bool = True
+    spec: ModelSpec,
+    split: SglangSplit,
+    max_context_len: int,
+    extra_buffer: bool = True,
+    max_running: int = MAX_RUNNING,
 ) -> Pools:
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
 
     full, mamba = layer_ids(spec)
     req_pool = HybridReqToTokenPool(
-        size=MAX_RUNNING + 1,
+        size=max_running + 1,
         mamba_size=split.mamba_slots,
-        mamba_spec_state_size=MAX_RUNNING + 1,
+        mamba_spec_state_size=max_running + 1,
         max_context_len=max_context_len + 1,
         device="cpu",
         enable_memory_saver=False,

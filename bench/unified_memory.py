@@ -98,7 +98,7 @@ class SglangUnifiedMemory(SlotIdMemory):
         return int(full.num_pages - lowest_kv)
 
     def usage(self, ptype: PageType) -> Usage:
-        used, evictable = len(self._used[ptype]), len(self._evictable[ptype])
+        used, evictable = self.used_count(ptype), self.evictable_count(ptype)
         free = self.room(ptype)  # one shared band: what SGLang could give this type alone
         return Usage(used + evictable + free, free, evictable, used, self.page_bytes(ptype))
 
@@ -108,8 +108,8 @@ class SglangUnifiedMemory(SlotIdMemory):
         if empty:
             return kv <= self.kv_room_beside(states)
         cost = int(self._composite.mamba_slot_full_token_cost())
-        kv_budget = int(self._composite.available_size()) + len(self._evictable[self.kv_type])
-        state_budget = self.room(self.state_type) + len(self._evictable[self.state_type])
+        kv_budget = int(self._composite.available_size()) + self.evictable_count(self.kv_type)
+        state_budget = self.room(self.state_type) + self.evictable_count(self.state_type)
         return kv + states * cost <= kv_budget and states <= state_budget
 
     # ------------------------------------------------------------------ page moves
@@ -130,7 +130,7 @@ class SglangUnifiedMemory(SlotIdMemory):
         if got is None:  # SGLang's own view promised the room: a modelling error, not OOM
             raise AssertionError(f"SGLang refused {count} {ptype} pages it said were free")
         ids: list[int] = got.tolist()
-        self._used[ptype].update(ids)
+        self._take(ptype, ids)
         return IdPages(ids)
 
     def _could_ever_hold(self, ptype: PageType, count: int) -> bool:
@@ -158,12 +158,9 @@ class SglangUnifiedMemory(SlotIdMemory):
         """Our ids against SGLang's: every held id is mapped, and SGLang has no other live
         pages (the memory is its only client); then SGLang's own byte accounting."""
         for ptype, end in self._ends.items():
-            used, evictable = self._used[ptype], self._evictable[ptype]
-            both = used & evictable
-            assert not both, f"{ptype}: ids {sorted(both)[:5]} both used and evictable"
             live = int(end.allocated_count())
             assert self.held(ptype) == live, f"{ptype}: we hold {self.held(ptype)}, SGLang {live}"
-            ids = torch.tensor(sorted(used | evictable), dtype=torch.int64)
+            ids = torch.tensor(sorted(self.held_ids(ptype)), dtype=torch.int64)
             if ids.numel():
                 assert bool((end.virtual_to_physical[ids] >= 0).all()), f"{ptype}: unmapped ids"
         violations = self._composite.verify_byte_accounting()
@@ -187,7 +184,7 @@ class SglangUnifiedMemory(SlotIdMemory):
         sizes = {t: self.page_bytes(t) for t in self._ends}
         most = {t: int(e.num_pages - e.min_page_index) for t, e in self._ends.items()}
         shared = self.held_bytes() + self.free_bytes()  # the buffer less sink and rounding
-        held = {t: (sorted(self._used[t]), sorted(self._evictable[t])) for t in self._ends}
+        held = {t: (sorted(self.held_ids(t)), self.evictable_count(t)) for t in self._ends}
         return _detached, (most, sizes, shared, held), {"_evictor": self._evictor}
 
 
@@ -195,14 +192,13 @@ def _detached(
     most: dict[PageType, int],
     sizes: dict[PageType, int],
     shared: int,
-    held: dict[PageType, tuple[list[int], list[int]]],
+    held: dict[PageType, tuple[list[int], int]],
 ) -> SlotMemory:
     copy = SlotMemory(most, sizes, sink=None, shared_bytes=shared)
-    for ptype, (used, evictable) in held.items():
-        copy.adopt(ptype, used)
-        copy.adopt(ptype, evictable)
-        if evictable:
-            copy.mark_evictable(ptype, IdPages(evictable))
+    for ptype, (ids, evictable) in held.items():
+        pages = copy.adopt(ptype, ids)
+        if evictable:  # which ids are evictable is the copied tree's to know; the count is ours
+            copy.mark_evictable(ptype, pages.split(evictable)[0])
     return copy
 
 

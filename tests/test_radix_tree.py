@@ -329,3 +329,23 @@ def test_a_truncated_sequence_behaves_like_the_copied_prefix(size: int):
         assert view[-1] == copy[-1] and view.head(size - 1) == copy.head(size - 1)
         with pytest.raises(IndexError):
             view[size]
+
+
+@pytest.mark.parametrize("typecode", ["q", "l", "i", "I", "H"])
+def test_token_ids_from_integer_arrays_pack_like_lists(typecode: str) -> None:
+    from array import array
+
+    ids = [0, 7, 65535, 3, 9]
+    assert TokenSeq.of(array(typecode, ids)) == TokenSeq.of(ids)  # SGLang passes array("q")
+    assert len(TokenSeq.of(array(typecode))) == 0
+
+
+@pytest.mark.parametrize("bad", [[4, -1], [2**31], ["a"]])
+def test_token_ids_out_of_int32_range_are_refused(bad: list[object]) -> None:
+    from array import array
+
+    with pytest.raises(ValueError, match="token ids must be"):
+        TokenSeq.of(bad)  # type: ignore[arg-type]
+    if isinstance(bad[0], int):
+        with pytest.raises(ValueError, match="token ids must be"):
+            TokenSeq.of(array("q", bad))  # type: ignore[arg-type]

@@ -248,10 +248,10 @@ def test_backend_on_the_jenga_pool_evicts_kv_for_a_state(sg: Any) -> None:
     while shared.room(shared.state_type) > 0:
         assert pools.req_to_token_pool.mamba_allocator.alloc(1) is not None
         running += 1
-    before = len(cache.memory._evictable[cache.state_type])
+    before = cache.memory.evictable_count(cache.state_type)
     cache.evict_for_alloc(sg.bpc.EvictParams(num_tokens=0, mamba_num=1))
     assert shared.room(shared.state_type) >= 1
-    assert len(cache.memory._evictable[cache.state_type]) < before
+    assert cache.memory.evictable_count(cache.state_type) < before
     shared.check_integrity()
     cache.memory.check_integrity()
     # Every allocated slot is the tree's or a running request's; every freed one is back.

@@ -14,7 +14,8 @@ Accounting per page type covers the slots the tree holds:
                outside the tree and count as free here; SGLang's allocator knows them)
 
 so the tree's conservation law `free + evictable + used == total` holds by construction, and
-`check_integrity` verifies that no slot id is held twice and that the counters match the ids.
+ids enter once (`adopt`) and leave once (`free`), each checked there; `check_integrity` checks
+the counters.
 
 Two layouts of SGLang's memory:
 
@@ -51,39 +52,82 @@ Room = Callable[[PageType], int]  # slots of a type the engine can hand out righ
 
 class SlotIdMemory(CacheMemory):
     """A memory whose pages are SGLang slot ids, each either used (a request holds it) or
-    evictable (only the tree does). The page moves check every id's state, so a slot owned
-    twice or moved from the wrong state fails where it happens; `_give_back` hands freed ids
-    to whatever allocator they came from."""
+    evictable (only the tree does); `_give_back` hands freed ids to whatever allocator they
+    came from.
+
+    It keeps the set of ids it holds and, per type, how many of them are evictable: a lock or
+    an unlock moves a whole path between the two states, and counting it costs one addition
+    where moving ids between two sets cost ~60 ns per token (the scheduler thread pays it on
+    every request, 8 ms for a 128k-token path). Ids are touched only where they enter (`adopt`,
+    which refuses an id held twice) and leave (`free`, which refuses one not held): linear in
+    the tokens a request adds or the tree evicts. That a moved page was in the state it leaves
+    is the tree's invariant (radix/integrity.py checks its unlocked pages against `usage`).
+    """
 
     def __init__(self, page_types: Iterable[PageType]) -> None:
         super().__init__()
-        self._used: dict[PageType, set[int]] = {t: set() for t in page_types}
-        self._evictable: dict[PageType, set[int]] = {t: set() for t in page_types}
+        self._held: dict[PageType, set[int]] = {t: set() for t in page_types}
+        self._evictable: dict[PageType, int] = dict.fromkeys(self._held, 0)
 
     def held(self, ptype: PageType) -> int:
-        return len(self._used[ptype]) + len(self._evictable[ptype])
+        return len(self._held[ptype])
+
+    def evictable_count(self, ptype: PageType) -> int:
+        return self._evictable[ptype]
+
+    def used_count(self, ptype: PageType) -> int:
+        return len(self._held[ptype]) - self._evictable[ptype]
+
+    def held_ids(self, ptype: PageType) -> frozenset[int]:
+        return frozenset(self._held[ptype])
 
     def free(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._used[ptype])
+        self._release(ptype, pages, evictable=False)
 
     def free_evictable(self, ptype: PageType, pages: Pages) -> None:
-        self._release(ptype, pages, self._evictable[ptype])
+        self._release(ptype, pages, evictable=True)
 
     def mark_evictable(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._used[ptype], self._evictable[ptype], ptype)
+        self._move(ptype, len(pages))
 
     def mark_used(self, ptype: PageType, pages: Pages) -> None:
-        move_ids(pages.ids(), self._evictable[ptype], self._used[ptype], ptype)
+        self._move(ptype, -len(pages))
 
-    def _release(self, ptype: PageType, pages: Pages, src: set[int]) -> None:
+    def _move(self, ptype: PageType, count: int) -> None:
+        after = self._evictable[ptype] + count
+        if not 0 <= after <= len(self._held[ptype]):
+            raise AssertionError(
+                f"{ptype}: {abs(count)} pages moved, {self._evictable[ptype]} of "
+                f"{len(self._held[ptype])} held were evictable"
+            )
+        self._evictable[ptype] = after
+
+    def _take(self, ptype: PageType, ids: list[int]) -> None:
+        """Hold new ids (used), refusing any held already or given twice."""
+        held, fresh = self._held[ptype], set(ids)
+        if len(fresh) != len(ids) or not held.isdisjoint(fresh):
+            clash = sorted(held & fresh) or sorted(i for i in fresh if ids.count(i) > 1)
+            raise ValueError(f"{ptype}: slots {clash[:5]} adopted twice")
+        held |= fresh
+
+    def _release(self, ptype: PageType, pages: Pages, *, evictable: bool) -> None:
         ids = pages.ids()
-        if ids:
-            move_ids(ids, src, None, ptype)
-            self._give_back(ptype, ids)
+        if not ids:
+            return
+        held = self._held[ptype]
+        missing = [i for i in ids if i not in held]
+        if missing:
+            raise AssertionError(f"{ptype}: slots {missing[:5]} freed but not held")
+        if evictable:
+            self._move(ptype, -len(ids))
+        elif len(held) - self._evictable[ptype] < len(ids):
+            raise AssertionError(f"{ptype}: {len(ids)} used slots freed, fewer are used")
+        held.difference_update(ids)
+        self._give_back(ptype, ids)
 
     @abstractmethod
     def _give_back(self, ptype: PageType, ids: list[int]) -> None:
-        """Freed ids (already out of both sets) go back to their allocator."""
+        """Freed ids (already out of the held set) go back to their allocator."""
 
 
 class SlotMemory(SlotIdMemory):
@@ -123,13 +167,9 @@ class SlotMemory(SlotIdMemory):
     def adopt(self, ptype: PageType, ids: Iterable[int]) -> Pages:
         """Take over slots SGLang allocated (they become used pages of the caller)."""
         got = list(ids)
-        used = self._used[ptype]
-        clash = used.intersection(got) | self._evictable[ptype].intersection(got)
-        if clash or len(set(got)) != len(got):
-            raise ValueError(f"{ptype}: slots {sorted(clash)[:5] or got[:5]} adopted twice")
-        if len(used) + len(self._evictable[ptype]) + len(got) > self._capacity[ptype]:
+        if self.held(ptype) + len(got) > self._capacity[ptype]:
             raise OutOfMemory(f"{ptype}: adopting {len(got)} slots exceeds {self._capacity[ptype]}")
-        used.update(got)
+        self._take(ptype, got)
         return IdPages(got)
 
     def room(self, ptype: PageType) -> int:
@@ -175,19 +215,19 @@ class SlotMemory(SlotIdMemory):
             raise OutOfMemory(f"{ptype}: evictor could not make room for {count} pages")
         ids = list(range(self._next_synthetic, self._next_synthetic - count, -1))
         self._next_synthetic -= count
-        self._used[ptype].update(ids)
+        self._take(ptype, ids)
         return IdPages(ids)
 
     def usage(self, ptype: PageType) -> Usage:
-        used, evictable = len(self._used[ptype]), len(self._evictable[ptype])
+        used, evictable = self.used_count(ptype), self.evictable_count(ptype)
         free = self._model_room(ptype)  # on a shared pool: if every free byte went to ptype
         return Usage(used + evictable + free, free, evictable, used, self._bytes[ptype])
 
     def check_integrity(self) -> None:
         for ptype, total in self._capacity.items():
-            both = self._used[ptype] & self._evictable[ptype]
-            assert not both, f"{ptype}: slots {sorted(both)[:5]} both used and evictable"
             assert self.held(ptype) <= total, f"{ptype}: {self.held(ptype)} slots held > {total}"
+            evictable = self.evictable_count(ptype)
+            assert 0 <= evictable <= self.held(ptype), f"{ptype}: {evictable} evictable slots"
 
     # ------------------------------------------------------------------ helpers
 
@@ -203,13 +243,3 @@ class SlotMemory(SlotIdMemory):
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
 
-
-def move_ids(ids: list[int], src: set[int], dst: set[int] | None, ptype: PageType) -> None:
-    """Move slot ids from one state set to another (`dst` None: out of both); every id must be
-    in `src`, so a page owned twice or moved from the wrong state is caught where it happens."""
-    missing = [i for i in ids if i not in src]
-    if missing:
-        raise AssertionError(f"{ptype}: slots {missing[:5]} are not in the expected state")
-    src.difference_update(ids)
-    if dst is not None:
-        dst.update(ids)

@@ -1,0 +1,167 @@
+"""What the prefix cache costs SGLang's scheduler thread per request: our backend against
+SGLang's own cache, driven by the same SGLang calls on the same request stream.
+
+Both caches sit behind SGLang's real pools and scheduler helpers (bench/sglang_native.py's
+`SglangNativeCache`: `alloc_req_slots`, `init_next_round_input` (match_prefix and the state's
+copy-on-write), `lock`, per chunk `alloc_token_slots` (which evicts) and `checkpoint_kv_cache`,
+then `release_kv_cache(checkpoint=True)`), so the only difference is the tree behind them.
+
+One measurement, for a tree of about `nodes` nodes, prompts of `prompt_tokens` and `running`
+requests in flight:
+
+1. warm-up (untimed): `nodes` short requests in groups build the tree (a shared 16-token group
+   head, then 16 tokens of their own: one leaf each, one head per group);
+2. fill (untimed): `running` requests are admitted and prefilled and stay in flight. Each
+   prompt is a context shared by the whole point (`prompt_tokens - NEW_TOKENS` tokens, cached
+   after the first request) plus `NEW_TOKENS` of its own: long prompts are mostly hits, as in
+   multi-turn chat and agents, and the new tokens are what each request adds;
+3. measured: `requests` more requests are each admitted and prefilled while the oldest running
+   one finishes, so `running` stay in flight. Their scheduler-thread CPU time
+   (`time.thread_time`) is split into tensor work (SGLang's Mamba state copies and clears:
+   real memcpy on CPU, asynchronous device work on a GPU) and the rest, the bookkeeping.
+
+The pools hold the budget in slot counts with tiny per-slot tensors (bench/sglang_pools.py), so
+tensor work here is a lower bound; bookkeeping does not depend on tensor sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+CACHES = ("jenga", "sglang-native")
+NEW_TOKENS = 1024  # tokens each measured request adds past the shared context
+GROUP = 64  # warm-up requests per group head
+HEAD, TAIL = 16, 16  # warm-up request: group head + own tail
+CHUNK_TOKENS = 8192  # prefill chunk (SGLang's default --chunked-prefill-size on large GPUs)
+SPARE = 1.25  # slots beyond what the stream holds at once (no eviction while measuring)
+
+
+@dataclass(frozen=True)
+class Point:
+    cache: str
+    nodes: int
+    prompt_tokens: int
+    running: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    cache: str
+    nodes: int
+    prompt_tokens: int
+    running: int
+    bookkeeping_ms_per_request: float
+    tensor_ms_per_request: float
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TensorClock:
+    """Thread CPU time spent inside SGLang's Mamba state copies and clears (patched in)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def install(self) -> Callable[[], None]:
+        from sglang.srt.mem_cache.memory_pool import MambaPool
+
+        originals = {name: getattr(MambaPool, name) for name in ("copy_from", "clear_slots")}
+
+        def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*a: Any, **k: Any) -> Any:
+                start = time.thread_time()
+                try:
+                    return original(*a, **k)
+                finally:
+                    self.seconds += time.thread_time() - start
+
+            return run
+
+        for name, original in originals.items():
+            setattr(MambaPool, name, timed(original))
+
+        def uninstall() -> None:
+            for name, original in originals.items():
+                setattr(MambaPool, name, original)
+
+        return uninstall
+
+
+def _warm_prompts(nodes: int, rng: np.random.Generator) -> Iterator[list[int]]:
+    heads = rng.integers(1, 1 << 20, size=(max(1, nodes // GROUP), HEAD))
+    for i in range(max(1, nodes - len(heads))):
+        tail = rng.integers(1, 1 << 20, size=TAIL)
+        yield [*heads[i % len(heads)].tolist(), *tail.tolist()]
+
+
+def _capacity(nodes: int, prompt_tokens: int, running: int) -> tuple[int, int]:
+    """(KV tokens, Mamba states) the stream holds at once, with room to spare."""
+    new = min(NEW_TOKENS, prompt_tokens)
+    kv = nodes * (HEAD + TAIL) + max(prompt_tokens, CHUNK_TOKENS) + (running + 1) * (new + 2)
+    states = nodes + 4 * (running + 2) + prompt_tokens // CHUNK_TOKENS + 8
+    return int(kv * SPARE), int(states * SPARE)
+
+
+def build_cache(cache: str, nodes: int, max_prompt: int, running: int) -> Any:
+    """SGLang's pools sized for the whole stream, with our tree or SGLang's behind them."""
+    from jenga_sglang.bench.sglang_native import SglangNativeCache
+    from jenga_sglang.bench.sglang_split import SglangSplit
+    from jenga_sglang.models import get_spec
+
+    if cache not in CACHES:
+        raise ValueError(f"unknown cache {cache!r}; known: {', '.join(CACHES)}")
+    spec = get_spec("marconi-7b")
+    kv, states = _capacity(nodes, max_prompt, running)
+    per_token, slot = spec.kv_bytes_per_token, spec.state_bytes
+    split = SglangSplit(kv * per_token + states * slot, kv, states, per_token, slot)
+    tree = "jenga" if cache == "jenga" else "sglang"
+    return SglangNativeCache(spec, split, max_prompt + 8, CHUNK_TOKENS, tree=tree,
+                             max_running=running + 1)  # fmt: skip
+
+
+def warm(native: Any, nodes: int, seed: int, tick: Callable[[], None]) -> None:
+    for prompt in _warm_prompts(nodes, np.random.default_rng(seed)):
+        native.serve(prompt, [1])
+        tick()
+
+
+def measure(
+    native: Any, point: Point, requests: int, seed: int, tick: Callable[[], None]
+) -> Measured:
+    """Steps 2 and 3 of the module doc on a warmed cache; every request is finished after."""
+    rng = np.random.default_rng(seed + point.prompt_tokens)
+    new = min(NEW_TOKENS, point.prompt_tokens)
+    context = rng.integers(1, 1 << 20, size=point.prompt_tokens - new).tolist()
+
+    def start() -> Any:
+        req = native.admit([*context, *rng.integers(1, 1 << 20, size=new).tolist()], 1)
+        native.prefill(req, 1)
+        return req
+
+    flight: deque[Any] = deque(start() for _ in range(point.running))
+    clock = TensorClock()
+    uninstall = clock.install()
+    total = 0.0
+    try:
+        for _ in range(requests):
+            began = time.thread_time()
+            flight.append(start())
+            native.finish(flight.popleft(), 1)
+            total += time.thread_time() - began
+            tick()
+    finally:
+        uninstall()
+        while flight:
+            native.finish(flight.popleft(), 1)
+    ms = 1000.0 / requests
+    return Measured(
+        point.cache, point.nodes, point.prompt_tokens, point.running,
+        (total - clock.seconds) * ms, clock.seconds * ms,
+    )  # fmt: skip

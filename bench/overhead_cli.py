@@ -1,0 +1,84 @@
+"""`jenga-bench overhead`: flags, progress and table of bench/overhead.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from jenga_sglang.bench.overhead import CACHES, Measured, Point, build_cache, measure, warm
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_overhead_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from jenga_sglang.bench.cli import _names
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "overhead",
+        help="scheduler CPU per request: our cache vs SGLang's, same SGLang calls and stream",
+    )
+    p.add_argument("--caches", type=_names, default=list(CACHES), help="jenga,sglang-native")
+    p.add_argument("--nodes", type=_ints, default=[10_000, 100_000], help="tree sizes")
+    p.add_argument("--prompt-tokens", type=_ints, default=[1024, 32768, 131072])
+    p.add_argument("--running", type=int, default=256, help="requests in flight")
+    p.add_argument("--requests", type=int, default=64, help="measured requests per point")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="one JSON object per measurement")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_overhead)
+    return p
+
+
+def cmd_overhead(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from jenga_sglang.bench.cli import BadInput
+
+    unknown = [c for c in args.caches if c not in CACHES]
+    if unknown or args.running <= 0 or args.requests <= 0:
+        raise BadInput(f"caches must be of {', '.join(CACHES)} (got {unknown}); "
+                       "--running and --requests must be > 0")  # fmt: skip
+    work = len(args.caches) * sum(n + len(args.prompt_tokens) * args.requests for n in args.nodes)
+    bar = tqdm(total=work, desc="overhead", unit="req", disable=args.no_progress, file=sys.stderr)
+    rows: list[Measured] = []
+    for nodes in args.nodes:
+        for cache in args.caches:
+            native = build_cache(cache, nodes, max(args.prompt_tokens), args.running)
+            bar.set_postfix_str(f"{cache}, warming {nodes} nodes")
+            warm(native, nodes, args.seed, lambda: bar.update())
+            for prompt in args.prompt_tokens:
+                bar.set_postfix_str(f"{cache}, {nodes} nodes, {prompt}-token prompts")
+                point = Point(cache, nodes, prompt, args.running)
+                row = measure(native, point, args.requests, args.seed, lambda: bar.update())
+                rows.append(row)
+                if args.json:
+                    print(json.dumps(row.row()), flush=True)
+    bar.close()
+    if not args.json:
+        print(_table(rows))
+    return 0
+
+
+def _table(rows: list[Measured]) -> str:
+    lines = [
+        "| cache | nodes | prompt tokens | running | bookkeeping ms/request | tensor ms/request |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.cache} | {r.nodes} | {r.prompt_tokens} | {r.running} | "
+            f"{r.bookkeeping_ms_per_request:.3f} | {r.tensor_ms_per_request:.3f} |"
+        )
+    return "\n".join(lines)
