@@ -205,6 +205,47 @@ def test_a_request_waits_for_the_checkpoint_an_admitted_one_captures(inpass_cach
     assert not should_wait(inpass_cache, b, [a])  # a's chunk stops before 100 this round
 
 
+def test_two_new_requests_parting_after_a_shared_prefix_capture_it_once(
+    inpass_cache: Any,
+) -> None:
+    from jenga_sglang.binding.plans import Planned
+    from jenga_sglang.binding.shared_prefill import should_wait
+
+    system = list(range(10, 410))  # 400 tokens nobody has cached: no tree node, no plan there
+    a = _waiting("a", system + [1] * 60, prefix=0)
+    b = _waiting("b", system + [2] * 60, prefix=0)
+    for r in (a, b):
+        inpass_cache.plans.remember(r.rid, Planned((460,)))  # the prompt end only
+    assert should_wait(inpass_cache, b, [a])  # a computes [0, 400) now: b waits to hit 400
+    assert inpass_cache.plans.get("a").positions == (400, 460)  # a captures where they part
+    assert inpass_cache.shared_branches == 1
+    assert should_wait(inpass_cache, b, [a]) and inpass_cache.shared_branches == 1  # once
+    short = _waiting("c", system[:20] + [3] * 200, prefix=0)  # shares 20 tokens: not worth it
+    inpass_cache.plans.remember("c", Planned((220,)))
+    assert not should_wait(inpass_cache, short, [a])
+    a.extend_end = 300  # a's chunk stops before they part: nothing to capture this round
+    assert not should_wait(inpass_cache, b, [a])
+
+
+def test_a_capture_still_in_flight_holds_a_sharing_request_back(inpass_cache: Any) -> None:
+    from jenga_sglang.binding.captures import PendingCaptures
+    from jenga_sglang.binding.plans import Planned
+    from jenga_sglang.binding.shared_prefill import should_wait
+
+    slots = [3]
+    inpass_cache.captures = PendingCaptures(lambda: slots.pop() if slots else None, print)
+    system = list(range(10, 410))
+    a_ids = system + [1] * 60
+    inpass_cache.captures.plan([("a", 0, 460, (400,), a_ids)])  # scheduled, not yet taken
+    b = _waiting("b", system + [2] * 60, prefix=0)
+    inpass_cache.plans.remember("b", Planned((460,)))
+    assert should_wait(inpass_cache, b, [])  # overlap: a's checkpoint has not run yet
+    other = _waiting("c", [5] * 400 + [2] * 60, prefix=0)
+    assert not should_wait(inpass_cache, other, [])  # same position, other tokens
+    inpass_cache.captures.drop("a")  # a's capture left (taken or dropped): b goes
+    assert not should_wait(inpass_cache, b, [])
+
+
 def test_held_back_requests_give_back_their_staged_slot(inpass_cache: Any) -> None:
     from jenga_sglang.binding.plans import Planned
 

@@ -71,14 +71,16 @@ def test_pending_captures_hand_over_only_what_the_forward_wrote() -> None:
     freed: list[int] = []
     pending = PendingCaptures(lambda: free_list.pop(0) if free_list else None, freed.extend)
     # a: chunk [10, 40): 5 is cached already, 60 lies in a later chunk; b: the pool runs dry.
-    batch = pending.plan([("a", 10, 40, (5, 20, 40, 60)), ("b", 0, 8, (8,))])
+    a, b = list(range(100, 160)), list(range(8))
+    batch = pending.plan([("a", 10, 40, (5, 20, 40, 60), a), ("b", 0, 8, (8,), b)])
     assert batch is not None and [(c.row, c.offset, c.slot) for c in batch.captures] == [
         (0, 10, 5),
         (0, 30, 6),
         (1, 8, 7),
     ]
     assert pending.skipped == 0 and pending.held() == 3
-    assert pending.plan([("c", 0, 4, (2,))]) is None and pending.skipped == 1
+    assert sorted((p, t[0]) for p, t in pending.in_flight()) == [(8, 0), (20, 100), (40, 100)]
+    assert pending.plan([("c", 0, 4, (2,), b)]) is None and pending.skipped == 1
     batch.served = True
     assert pending.take("a", 20).states == {20: 5} and pending.held() == 2
     pending.drop("a")  # aborted before its next checkpoint: the capture at 40 goes back

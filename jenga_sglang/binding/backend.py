@@ -126,6 +126,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         )
         self.prefill_cuts = 0  # chunks cut at a planned position (prefill_cut), cumulative
         self.held_back = 0  # admissions deferred for a shared checkpoint (shared_prefill)
+        self.shared_branches = 0  # in-batch branch points added to a plan (shared_prefill)
         self.hit_tokens = 0
         self.states_admitted = 0
         self.plans = RequestPlans()
@@ -155,6 +156,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             captures_lost=0 if self.captures is None else self.captures.lost(),
             prefill_cuts=self.prefill_cuts,
             held_back=self.held_back,
+            shared_branches=self.shared_branches,
         )
 
     def sync_metrics(self) -> None:

@@ -18,7 +18,7 @@ extend) leaves its slots unwritten; `take` frees those instead of handing garbag
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ class _Pending:
     position: int
     slot: int
     batch: BatchCaptures = field(repr=False)
+    tokens: Sequence[int] = field(repr=False)  # the request's ids (a reference, not a copy)
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,11 @@ class PendingCaptures:
         self.unserved = 0  # slots freed unwritten (cumulative)
         self.taken = 0  # written slots handed to a checkpoint (cumulative)
 
-    def plan(self, rows: Iterable[tuple[str, int, int, tuple[int, ...]]]) -> BatchCaptures | None:
-        """`rows`: (rid, prefix_len, extend_end, planned positions) per batch row, in order."""
+    def plan(self, rows: Iterable[Row]) -> BatchCaptures | None:
+        """`rows`: (rid, prefix_len, extend_end, planned positions, token ids) per batch row."""
         captures: list[Capture] = []
         batch = BatchCaptures(())
-        for row, (rid, start, end, positions) in enumerate(rows):
+        for row, (rid, start, end, positions, tokens) in enumerate(rows):
             for p in positions:
                 if not start < p <= end:
                     continue
@@ -83,7 +84,7 @@ class PendingCaptures:
                     self.skipped += 1
                     continue
                 captures.append(Capture(row, p - start, slot))
-                self._pending.setdefault(rid, []).append(_Pending(p, slot, batch))
+                self._pending.setdefault(rid, []).append(_Pending(p, slot, batch, tokens))
         if not captures:
             return None
         batch.captures = tuple(captures)
@@ -115,6 +116,12 @@ class PendingCaptures:
         """Planned positions not captured (cumulative): no slot free, or not served."""
         return self.skipped + self.unserved
 
+    def in_flight(self) -> Iterator[tuple[int, Sequence[int]]]:
+        """(position, token ids) of every capture planned and not yet handed to the tree."""
+        for pending in self._pending.values():
+            for c in pending:
+                yield c.position, c.tokens
+
     def held(self) -> int:
         """Slots owned here now (allocated, not yet taken or dropped)."""
         return sum(len(v) for v in self._pending.values())
@@ -123,10 +130,13 @@ class PendingCaptures:
         return rid in self._pending
 
 
-def batch_rows(
-    reqs: Iterable[Any], positions_of: Callable[[str], tuple[int, ...]]
-) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """(rid, prefix_len, extend_end, planned positions) of each request of an extend batch."""
+Row = tuple[str, int, int, tuple[int, ...], Sequence[int]]
+
+
+def batch_rows(reqs: Iterable[Any], positions_of: Callable[[str], tuple[int, ...]]) -> list[Row]:
+    """(rid, prefix_len, extend_end, planned positions, token ids) of each extend-batch row."""
     return [
-        (req.rid, int(req.prefix_len), int(req.extend_end), positions_of(req.rid)) for req in reqs
-    ]
+        (r.rid, int(r.prefix_len), int(r.extend_end), positions_of(r.rid),
+         r.full_untruncated_fill_ids)
+        for r in reqs
+    ]  # fmt: skip

@@ -21,6 +21,7 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:prefill_cuts_total            prefill chunks ended at a planned checkpoint instead
                                         (binding/prefill_cut.py: one more prefill round each)
     jenga:prefill_held_back_total       admissions put off one round to hit a checkpoint
+    jenga:shared_branches_total         in-batch branch points added to a request's captures
                                         another request captures (binding/shared_prefill.py)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
@@ -50,6 +51,7 @@ class Snapshot:
     captures_lost: int = 0
     prefill_cuts: int = 0
     held_back: int = 0
+    shared_branches: int = 0
 
 
 def _families() -> dict[str, Any]:
@@ -108,6 +110,11 @@ def _families() -> dict[str, Any]:
             "Admissions put off one round to hit a checkpoint another request captures",
             names,
         ),
+        shared_branches=Counter(
+            "jenga:shared_branches",
+            "Branch points of two requests admitted together, captured by the first",
+            names,
+        ),
     )
     return _FAMILIES
 
@@ -136,6 +143,7 @@ class JengaMetrics:
             ("captures_lost", now.captures_lost, last.captures_lost),
             ("cuts", now.prefill_cuts, last.prefill_cuts),
             ("held_back", now.held_back, last.held_back),
+            ("shared_branches", now.shared_branches, last.shared_branches),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)

@@ -1,22 +1,31 @@
-"""Do not prefill one uncached prefix twice in a round: wait for its in-pass checkpoint instead.
+"""Do not prefill one uncached prefix twice: wait for its in-pass checkpoint instead.
 
-Several waiting requests often leave the cached tree at the same point: a shared system
-prompt, the first turns of forked programs. Each one's plan then holds the same branch point p,
-and a round that admits them all prefills [hit, p) once per request, because none of their
-checkpoints exists before the round's forward. When a request admitted earlier in this round
-computes p and captures its state there (in-pass, binding/captures.py), a later request whose
-own plan names the same p on the same tokens is held back one round: next round it hits p.
+Waiting requests often share a prefix the tree cannot serve yet: a shared system prompt, the
+first turns of forked programs. A round that admits them all prefills that prefix once per
+request, because none of their checkpoints exists before the round's forward. Instead, when
+another request computes the shared prefix [.., p) and captures the state at p in-pass
+(binding/captures.py), a request that shares it is held back: once that capture is in the
+tree, it hits p.
 
-    round k:   A: hit ... p ....... end          (captures the state at p)
-               B: hit ... p ... end              held back: [hit, p) would be computed twice
-    round k+1: B:         p ... end              hits p
+    round k:   A: hit ....... p ....... end        (captures the state at p)
+               B: hit ....... p ... end            held back: [hit, p) would be computed twice
+    round k+1: B:             p ... end            hits p
+
+Three cases, on the same tokens up to p:
+* B's own plan names p and a request admitted this round captures p (both leave the tree there);
+* B and a request A admitted this round share [.., p) and part there, with no node of the tree
+  at p yet (both arrived before either was cached): p is the branch point speculative insertion
+  would plan for B once A is in the tree, so A's plan gets p and B waits;
+* a capture at p planned in an earlier round is still in flight (with overlap scheduling the
+  next round is scheduled before the last one's checkpoint hands its captures to the tree).
 
 Held back only for a p short of the request's own end, and only when that saves at least half
 of the request's uncached tokens (and at least `MIN_SAVED` tokens): one round of waiting then
-buys a shorter prefill for it and a smaller round for the others, the trade SGLang's own
-in-batch prefix caching makes. Each hold advances the request's hit past p, so a request is
-held back a bounded number of times. A held-back request gives back the Mamba slot its match
-staged, as SGLang does for a request it does not admit.
+buys a shorter prefill for it and a smaller round for the others, the trade SGLang's in-batch
+prefix check makes for its own cache. Waiting ends: a capture is in flight only until the next
+checkpoint of its request takes it or its release drops it, and once it is in the tree the
+request's hit reaches p, so p saves nothing more. A held-back request gives back the Mamba slot
+its match staged, as SGLang does for a request it does not admit.
 """
 
 from __future__ import annotations
@@ -24,37 +33,68 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from jenga_sglang.binding.plans import Planned
+
 #: Fewer shared uncached tokens than this are not worth a round of waiting.
 MIN_SAVED = 32
 
 
 def should_wait(cache: Any, req: Any, admitted: Sequence[Any]) -> bool:
-    """Whether `req` waits one round for a checkpoint an admitted request captures now."""
+    """Whether `req` waits for a checkpoint another request captures (see the module doc)."""
     if getattr(cache, "captures", None) is None:
         return False
-    start, total = int(req.prefix_len), len(req.full_untruncated_fill_ids)
-    todo = total - start
-    # p == total is useless to wait for: a hit leaves at least the last token to compute, and
-    # no state sits before it (two identical prompts in one round both prefill, as in SGLang).
-    mine = [
-        p
-        for p in cache.plans.get(req.rid).positions
-        if p < total and p - start >= max(MIN_SAVED, todo / 2)
-    ]
+    ids = req.full_untruncated_fill_ids
+    start, total = int(req.prefix_len), len(ids)
+    need = max(MIN_SAVED, (total - start) / 2)
+
+    def saves(p: int) -> bool:
+        # p == total is useless: a hit leaves the last token to compute, and no state precedes it.
+        return p < total and p - start >= need
+
+    mine = [p for p in cache.plans.get(req.rid).positions if saves(p)]
     for p in reversed(mine):  # the deepest shared checkpoint saves the most
-        for other in admitted:
-            if _captures_for(cache, other, p, req):
-                return True
-    return False
+        if any(_captures_for(cache, other, p, ids) for other in admitted):
+            return True
+    for other in admitted:
+        if _share_new_branch(cache, other, ids, saves):
+            return True
+    return any(saves(p) and _shared(t, ids, p) == p for p, t in cache.captures.in_flight())
 
 
-def _captures_for(cache: Any, other: Any, p: int, req: Any) -> bool:
-    """`other` computes position p this round, captures it, and shares req's tokens up to p."""
+def _captures_for(cache: Any, other: Any, p: int, ids: Sequence[int]) -> bool:
+    """`other` computes position p this round, captures it, and shares `ids` up to p."""
     if not int(other.prefix_len) < p <= int(other.extend_end):
         return False
     if p not in cache.plans.get(other.rid).positions:
         return False
-    return bool(other.full_untruncated_fill_ids[:p] == req.full_untruncated_fill_ids[:p])
+    return _shared(other.full_untruncated_fill_ids, ids, p) == p
+
+
+def _share_new_branch(cache: Any, other: Any, ids: Sequence[int], saves: Any) -> bool:
+    """`other` computes, this round, the prefix it shares with `ids` up to where they part:
+    plan its capture there (the branch point of the two) and say so."""
+    end = int(other.extend_end)
+    p = _shared(other.full_untruncated_fill_ids, ids, end + 1)
+    if not (saves(p) and int(other.prefix_len) < p <= end):
+        return False
+    planned = cache.plans.get(other.rid)
+    if p not in planned.positions:
+        cache.plans.remember(other.rid, Planned(tuple(sorted((*planned.positions, p))),
+                                                planned.expendable_from))  # fmt: skip
+        cache.shared_branches += 1
+    return True
+
+
+def _shared(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of `a` and `b`, at most `limit` (numpy: SGLang's ids are
+    int64 arrays, compared in bulk)."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 def give_back_staged_state(cache: Any, req: Any) -> None:

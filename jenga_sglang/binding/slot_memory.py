@@ -242,4 +242,3 @@ class SlotMemory(SlotIdMemory):
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
-
