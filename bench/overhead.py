@@ -27,6 +27,7 @@ tensor work here is a lower bound; bookkeeping does not depend on tensor sizes.
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -101,16 +102,18 @@ def _warm_prompts(nodes: int, rng: np.random.Generator) -> Iterator[list[int]]:
         yield [*heads[i % len(heads)].tolist(), *tail.tolist()]
 
 
-def _capacity(nodes: int, prompt_tokens: int, running: int) -> tuple[int, int]:
-    """(KV tokens, Mamba states) the stream holds at once, with room to spare."""
+def _capacity(nodes: int, prompt_tokens: int, requests: int) -> tuple[int, int]:
+    """(KV tokens, Mamba states) the whole stream of `requests` leaves cached, with room to
+    spare: nothing is evicted, so the tree keeps its size while it is measured."""
     new = min(NEW_TOKENS, prompt_tokens)
-    kv = nodes * (HEAD + TAIL) + max(prompt_tokens, CHUNK_TOKENS) + (running + 1) * (new + 2)
-    states = nodes + 4 * (running + 2) + prompt_tokens // CHUNK_TOKENS + 8
+    kv = nodes * (HEAD + TAIL) + max(prompt_tokens, CHUNK_TOKENS) + (requests + 1) * (new + 2)
+    states = nodes + 4 * (requests + 2) + prompt_tokens // CHUNK_TOKENS + 8
     return int(kv * SPARE), int(states * SPARE)
 
 
-def build_cache(cache: str, nodes: int, max_prompt: int, running: int) -> Any:
-    """SGLang's pools sized for the whole stream, with our tree or SGLang's behind them."""
+def build_cache(cache: str, nodes: int, max_prompt: int, running: int, requests: int) -> Any:
+    """SGLang's pools sized for a stream of `requests` after the warm-up (running ones
+    included), with our tree or SGLang's behind them."""
     from jenga_sglang.bench.sglang_native import SglangNativeCache
     from jenga_sglang.bench.sglang_split import SglangSplit
     from jenga_sglang.models import get_spec
@@ -118,7 +121,7 @@ def build_cache(cache: str, nodes: int, max_prompt: int, running: int) -> Any:
     if cache not in CACHES:
         raise ValueError(f"unknown cache {cache!r}; known: {', '.join(CACHES)}")
     spec = get_spec("marconi-7b")
-    kv, states = _capacity(nodes, max_prompt, running)
+    kv, states = _capacity(nodes, max_prompt, requests)
     per_token, slot = spec.kv_bytes_per_token, spec.state_bytes
     split = SglangSplit(kv * per_token + states * slot, kv, states, per_token, slot)
     tree = "jenga" if cache == "jenga" else "sglang"
@@ -138,21 +141,27 @@ def measure(
     """Steps 2 and 3 of the module doc on a warmed cache; every request is finished after."""
     rng = np.random.default_rng(seed + point.prompt_tokens)
     new = min(NEW_TOKENS, point.prompt_tokens)
-    context = rng.integers(1, 1 << 20, size=point.prompt_tokens - new).tolist()
+    context = rng.integers(1, 1 << 20, size=point.prompt_tokens - new)
 
-    def start() -> Any:
-        req = native.admit([*context, *rng.integers(1, 1 << 20, size=new).tolist()], 1)
+    def prompt() -> array[int]:
+        # Built untimed, as SGLang's tokenizer hands the scheduler an int64 array.
+        ids = np.concatenate([context, rng.integers(1, 1 << 20, size=new)])
+        return array("q", ids.astype(np.int64).tobytes())
+
+    def start(ids: array[int]) -> Any:
+        req = native.admit(ids, 1)
         native.prefill(req, 1)
         return req
 
-    flight: deque[Any] = deque(start() for _ in range(point.running))
+    flight: deque[Any] = deque(start(prompt()) for _ in range(point.running))
     clock = TensorClock()
     uninstall = clock.install()
     total = 0.0
     try:
         for _ in range(requests):
+            ids = prompt()
             began = time.thread_time()
-            flight.append(start())
+            flight.append(start(ids))
             native.finish(flight.popleft(), 1)
             total += time.thread_time() - began
             tick()

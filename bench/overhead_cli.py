@@ -55,7 +55,8 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     rows: list[Measured] = []
     for nodes in args.nodes:
         for cache in args.caches:
-            native = build_cache(cache, nodes, max(args.prompt_tokens), args.running)
+            stream = len(args.prompt_tokens) * (args.running + args.requests)
+            native = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
             bar.set_postfix_str(f"{cache}, warming {nodes} nodes")
             warm(native, nodes, args.seed, lambda: bar.update())
             for prompt in args.prompt_tokens:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.sglang
 def test_stream_hits_the_shared_context_and_releases_everything(cache: str) -> None:
     from jenga_sglang.bench.overhead import NEW_TOKENS, Point, build_cache, measure, warm
 
-    native = build_cache(cache, nodes=200, max_prompt=3000, running=4)
+    native = build_cache(cache, nodes=200, max_prompt=3000, running=4, requests=10)
     warmed: list[int] = []
     warm(native, 200, seed=1, tick=lambda: warmed.append(1))
     assert len(warmed) == 200 - 200 // 64
