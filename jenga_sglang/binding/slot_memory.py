@@ -115,8 +115,8 @@ class SlotIdMemory(CacheMemory):
         if not ids:
             return
         held = self._held[ptype]
-        missing = [i for i in ids if i not in held]
-        if missing:
+        if not held.issuperset(ids):
+            missing = [i for i in ids if i not in held]
             raise AssertionError(f"{ptype}: slots {missing[:5]} freed but not held")
         if evictable:
             self._move(ptype, -len(ids))
