@@ -17,7 +17,8 @@ requests in flight:
    multi-turn chat and agents, and the new tokens are what each request adds;
 3. measured: `requests` more requests are each admitted and prefilled while the oldest running
    one finishes, so `running` stay in flight. Their scheduler-thread CPU time
-   (`time.thread_time`) is split into tensor work (SGLang's Mamba state copies and clears:
+   (`time.thread_time`) is split into tensor work (SGLang's Mamba state copies and clears: the
+   hit's copy-on-write that the next extend batch runs, and any copy the cache makes itself;
    real memcpy on CPU, asynchronous device work on a GPU) and the rest, the bookkeeping.
 
 The pools hold the budget in slot counts with tiny per-slot tensors (bench/sglang_pools.py), so
@@ -150,6 +151,7 @@ def measure(
 
     def start(ids: array[int]) -> Any:
         req = native.admit(ids, 1)
+        _copy_on_write(native, req)
         native.prefill(req, 1)
         return req
 
@@ -174,3 +176,16 @@ def measure(
         point.cache, point.nodes, point.prompt_tokens, point.running,
         (total - clock.seconds) * ms, clock.seconds * ms,
     )  # fmt: skip
+
+
+def _copy_on_write(native: Any, req: Any) -> None:
+    """The hit's state copy the match staged, done as the next extend batch does it
+    (`_collect_deferred_mamba_cow_and_clear`, then the pool's `copy_from` / `clear_slots`)."""
+    pool = native.req_pool.mamba_pool
+    dst = req.kv.mamba_pool_idx.reshape(1)
+    if req.kv.mamba_cow_src_index is not None:
+        pool.copy_from(req.kv.mamba_cow_src_index.reshape(1), dst)
+    elif req.kv.mamba_needs_clear:
+        pool.clear_slots(dst)
+    req.kv.mamba_cow_src_index = None
+    req.kv.mamba_needs_clear = False
