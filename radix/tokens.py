@@ -27,7 +27,7 @@ def _narrowed(ids: array[int]) -> bytes:
         raise ValueError(
             f"token ids must be integers in [0, 2**31), got {int(wide.min())}..{int(wide.max())}"
         )
-    return bytes(wide.astype("<i4", copy=False).tobytes())
+    return wide.astype("<i4", copy=False).tobytes()
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)

@@ -230,7 +230,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
             return None  # LoRA / salt namespaces are not modelled: never shared
         if whole is not None:
-            return whole if len(whole) == len(params_key) else whole.slice(0, len(params_key))
+            return whole.truncated(len(params_key))  # shares the bytes: no copy
         return TokenSeq.of(params_key.token_ids[: len(params_key)])
 
     def _empty(self) -> MatchResult:
@@ -253,7 +253,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         node = found.node if found.node is not None else self.root_node
         planned = self._plan(params, found, whole)
         if params.req is not None:
-            self.plans.remember(params.req.rid, planned)
+            self.plans.remember(params.req.rid, planned._replace(tokens=whole))
         if params.cow_mamba and params.req is not None and found.state is not None:
             self._seed(params.req, found)
         self.sync_metrics()
@@ -394,8 +394,10 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if captured is not None:
             states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        tokens = TokenSeq.of(req.full_untruncated_fill_ids[:up_to])
-        result, refused = self._insert(tokens, row[:up_to].to(torch.int64, copy=True), states)
+        tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
+        # The row's slots are read as they are (int32): only the new ones become ids, so a
+        # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
+        result, refused = self._insert(tokens, row[:up_to], states)
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
             self._free_states(lost)  # the tree had a checkpoint there already
@@ -427,7 +429,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
         """The request is done: its expendable tail to the policy, its sequence to the
         admission's memory and the tuner."""
-        inp, out = TokenSeq.of(req.origin_input_ids), TokenSeq.of(req.output_ids)
+        inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
+        out = TokenSeq.of(req.output_ids)
         self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
         if self.tuner is not None:
             self.tuner.after_request(self.cache, inp, out)

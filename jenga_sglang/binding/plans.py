@@ -9,9 +9,11 @@ see `CheckpointPlan`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from jenga_sglang.policies.base import CheckpointPlan
+from jenga_sglang.radix.tokens import TokenSeq
 
 #: Far more requests than a scheduler holds queued and running at once.
 MAX_PLANS = 16_384
@@ -20,6 +22,16 @@ MAX_PLANS = 16_384
 class Planned(NamedTuple):
     positions: tuple[int, ...] = ()  # prefill positions past the hit, ascending
     expendable_from: int | None = None
+    # The request's token ids as the match packed them (its fill ids then): later checkpoints
+    # of the request take their prefix without packing a long prompt again. Fill ids only grow
+    # at the end (outputs), so the prefix stays the request's.
+    tokens: TokenSeq | None = None
+
+    def tokens_up_to(self, n: int, ids: Sequence[int]) -> TokenSeq:
+        """The request's first `n` tokens: the packed ones when they reach n, else `ids`."""
+        if self.tokens is not None and n <= len(self.tokens):
+            return self.tokens.truncated(n)
+        return TokenSeq.of(ids[:n])
 
     @classmethod
     def of(cls, plan: CheckpointPlan, hit: int, input_len: int) -> Planned:

@@ -35,8 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from jenga_sglang.binding.plans import Planned
-
 #: Fewer shared uncached tokens than this are not worth a round of waiting.
 MIN_SAVED = 32
 
@@ -81,8 +79,8 @@ def _share_new_branch(cache: Any, other: Any, ids: Sequence[int], saves: Any) ->
         return False
     planned = cache.plans.get(other.rid)
     if p not in planned.positions:
-        cache.plans.remember(other.rid, Planned(tuple(sorted((*planned.positions, p))),
-                                                planned.expendable_from))  # fmt: skip
+        positions = tuple(sorted((*planned.positions, p)))
+        cache.plans.remember(other.rid, planned._replace(positions=positions))
         cache.shared_branches += 1
     return True
 
