@@ -7,7 +7,15 @@ import json
 import sys
 from typing import Any
 
-from jenga_sglang.bench.overhead import CACHES, Measured, Point, build_cache, measure, warm
+from jenga_sglang.bench.overhead import (
+    CACHES,
+    Measured,
+    Point,
+    build_cache,
+    measure,
+    median,
+    warm,
+)
 
 
 def _ints(text: str) -> list[int]:
@@ -34,6 +42,9 @@ def add_overhead_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=_ints, default=[1024, 32768, 131072])
     p.add_argument("--running", type=int, default=256, help="requests in flight")
     p.add_argument("--requests", type=int, default=64, help="measured requests per point")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="measurements per point; the median is reported"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON object per measurement")
     p.add_argument("--no-progress", action="store_true")
@@ -47,22 +58,27 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     from jenga_sglang.bench.cli import BadInput
 
     unknown = [c for c in args.caches if c not in CACHES]
-    if unknown or args.running <= 0 or args.requests <= 0:
+    if unknown or min(args.running, args.requests, args.repeats) <= 0:
         raise BadInput(f"caches must be of {', '.join(CACHES)} (got {unknown}); "
-                       "--running and --requests must be > 0")  # fmt: skip
-    work = len(args.caches) * sum(n + len(args.prompt_tokens) * args.requests for n in args.nodes)
+                       "--running, --requests and --repeats must be > 0")  # fmt: skip
+    per_point = args.repeats * args.requests
+    work = len(args.caches) * sum(n + len(args.prompt_tokens) * per_point for n in args.nodes)
     bar = tqdm(total=work, desc="overhead", unit="req", disable=args.no_progress, file=sys.stderr)
     rows: list[Measured] = []
     for nodes in args.nodes:
         for cache in args.caches:
-            stream = len(args.prompt_tokens) * (args.running + args.requests)
+            stream = len(args.prompt_tokens) * args.repeats * (args.running + args.requests)
             native = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
             bar.set_postfix_str(f"{cache}, warming {nodes} nodes")
             warm(native, nodes, args.seed, lambda: bar.update())
             for prompt in args.prompt_tokens:
                 bar.set_postfix_str(f"{cache}, {nodes} nodes, {prompt}-token prompts")
                 point = Point(cache, nodes, prompt, args.running)
-                row = measure(native, point, args.requests, args.seed, lambda: bar.update())
+                runs = [
+                    measure(native, point, args.requests, args.seed + i, lambda: bar.update())
+                    for i in range(args.repeats)
+                ]
+                row = median(runs)
                 rows.append(row)
                 if args.json:
                     print(json.dumps(row.row()), flush=True)

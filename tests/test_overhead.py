@@ -45,7 +45,17 @@ def test_stream_hits_the_shared_context_and_releases_everything(cache: str) -> N
 
 
 def test_cli_json_rows_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["overhead", "--nodes", "100", "--prompt-tokens", "512", "--running", "2"]
+    argv = [
+        "overhead",
+        "--nodes",
+        "100",
+        "--prompt-tokens",
+        "512",
+        "--running",
+        "2",
+        "--repeats",
+        "1",
+    ]
     assert main([*argv, "--requests", "3", "--json", "--no-progress"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["cache"] for r in rows] == ["jenga", "sglang-native"]
