@@ -266,3 +266,26 @@ def test_held_back_requests_give_back_their_staged_slot(inpass_cache: Any) -> No
     assert adder.can_run_list == [a] and b.kv.mamba_pool_idx is None
     assert pool.mamba_allocator.available_size() == free_before + 1
     assert inpass_cache.held_back == 1
+
+
+@pytest.mark.parametrize("extra_buffer", [False, True])
+def test_prompt_end_of_a_request_that_does_not_decode(extra_buffer: bool) -> None:
+    """Without decoding, the finish hands over the state at the end under no_buffer, but only
+    SGLang's last tracked one under extra_buffer: there the end is captured in-pass."""
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.models import get_spec
+
+    params = _params(True, 256, extra_buffer=extra_buffer)
+    cache = JengaRadixCache(params, get_spec("nemotron-h-8b"), JengaOptions(True), inpass=True)
+    for rid, budget in (("prefix-only", 0), ("chat", 8)):
+        req = SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(max_new_tokens=budget))
+        key = RadixKey(array("q", range(10, 110)))
+        cache.match_prefix(MatchPrefixParams(key=key, req=req))
+        planned = cache.plans.get(rid).positions
+        assert planned == ((100,) if budget or extra_buffer else ()), (rid, planned)

@@ -291,7 +291,14 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if self.state_type is None:
             return Planned()
         input_len = len(whole)
-        plan = self.cache.plan(whole, found, input_len + int(_will_decode(params.req)))
+        # A prompt-end state is planned when decoding follows, and, captured in-pass, also when
+        # it does not under extra_buffer: that finish hands over SGLang's last tracked state
+        # (its 64-token grid), not the state at the end.
+        tracked_finish = self.captures is not None and bool(
+            self.handover and self.handover.extra_buffer
+        )
+        ends = _will_decode(params.req) or (params.req is not None and tracked_finish)
+        plan = self.cache.plan(whole, found, input_len + int(ends))
         return Planned.of(plan, found.length, input_len)
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
