@@ -122,3 +122,25 @@ def health(url: str, timeout_s: float = 30.0) -> bool:
         return False
     finally:
         conn.close()
+
+
+_KNOWN = "post-warmup freeze_gc failed"
+
+
+def unexpected_tracebacks(log_text: str) -> int:
+    """Tracebacks in a server log, not counting SGLang's known start-up one.
+
+    With `--skip-server-warmup`, SGLang 0.5.23's post-warmup `freeze_gc` call can reach its own
+    port before uvicorn listens; it logs `post-warmup freeze_gc failed` and a chained traceback
+    (several "Traceback" lines) and serves on. That block ends at the next timestamped line.
+    """
+    count, skipping = 0, False
+    for line in log_text.splitlines():
+        if _KNOWN in line:
+            skipping = True
+            continue
+        if skipping and line.startswith("["):
+            skipping = False
+        if not skipping and line.startswith("Traceback"):
+            count += 1
+    return count

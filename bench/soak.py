@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench.faults import StreamResult, health, stream_generate
+from jenga_sglang.bench.faults import (
+    StreamResult,
+    health,
+    stream_generate,
+    unexpected_tracebacks,
+)
 
 HEADS, HEAD_LEN, TAIL_LEN, VOCAB = 4, 120, 24, 512
 
@@ -177,8 +182,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
         text = log.read_text(errors="replace")
         report["server_log"] = str(log)
         report["log_leak"] = "leak" in text.lower()
-        # SGLang's harmless start-up traceback (tests/test_serve_faults.py) is not counted.
-        report["log_tracebacks"] = text.count("Traceback") - text.count("freeze_gc failed")
+        report["log_tracebacks"] = unexpected_tracebacks(text)  # SGLang's start-up one aside
     out = json.dumps(report, indent=1)
     print(out)
     if args.json:

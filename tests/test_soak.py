@@ -20,3 +20,12 @@ def test_percentiles_and_prompts_share_heads() -> None:
     a, b, c = _prompt(rng, 1), _prompt(rng, 5), _prompt(rng, 2)
     assert a[:HEAD_LEN] == b[:HEAD_LEN] != c[:HEAD_LEN]  # index % 4 picks the head
     assert a != b and all(0 <= t < VOCAB for t in a + b + c)
+
+
+def test_known_startup_traceback_is_not_counted() -> None:
+    from jenga_sglang.bench.faults import unexpected_tracebacks
+
+    known = "[t] post-warmup freeze_gc failed\nTraceback (a)\n  x\nTraceback (b)\n[t] ready\n"
+    assert unexpected_tracebacks(known) == 0
+    assert unexpected_tracebacks(known + "Traceback (c)\n") == 1
+    assert unexpected_tracebacks(known.replace("post-warmup freeze_gc failed", "boom")) == 2
