@@ -6,7 +6,9 @@ in its group plus a 24-token question of its own, streamed 3 at a time with 8 gr
 tokens. Printed side by side: requests served, cached tokens (SGLang's `cached_tokens` in each
 reply), prefill rounds and tokens prefilled (SGLang's "Prefill batch" log lines) and TTFT.
 Stock `no_buffer` keeps Mamba states only at prefill ends, so a head shared by prompts that
-differ after it is never a hit; Jenga checkpoints the branch point inside the prefill pass.
+differ after it is never a hit; with Jenga the second prompt of a group reveals the branch point
+and its prefill pass checkpoints the state there, so the third prompt of each group hits the head
+(measured: 0 vs 480 cached tokens, 1656 vs 1176 tokens prefilled, mean TTFT 5.05 vs 3.85 s).
 A few minutes on 2 cores, most of it the two server starts; progress on stderr.
 """
 
