@@ -238,6 +238,7 @@ def test_cli_bad_input_and_unreachable_server_are_one_line_errors(
 # ---- SGLang's agentic-trace JSON (bench/agentic_trace.py) ----
 
 
+@pytest.mark.sglang
 def test_our_trace_written_as_agentic_trace_loads_in_sglang(tmp_path: Path) -> None:
     from sglang.benchmark.datasets.agentic_trace import AgenticTraceDataset
 

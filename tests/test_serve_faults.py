@@ -27,7 +27,7 @@ import pytest
 from jenga_sglang.bench.faults import generate, health, stream_generate, unexpected_tracebacks
 from jenga_sglang.bench.server import LocalServer
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 SMALL_POOL = (
     "--enable-jenga",
