@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml scripts/install-cpu.sh
 	bash scripts/install-cpu.sh
 
-demo: install
+demo: install tiny-model
 	$(PY) -m jenga_sglang.bench.demo
 
 test: install

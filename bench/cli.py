@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jenga_sglang.bench.online import add_online_parser
 
     add_online_parser(sub)
+    from jenga_sglang.bench.soak import add_soak_parser
+
+    add_soak_parser(sub)
     from jenga_sglang.bench.long_batch_cli import add_long_batch_parser
 
     add_long_batch_parser(sub)

@@ -9,7 +9,10 @@
    over all cores;
 3. engine replay of the small agent trace at 2 GB for the four policies (TTFT CDF, memory
    timeline);
-4. the markdown table on stdout; report.md, records.jsonl and the PNGs in out/demo/.
+4. the markdown table on stdout; report.md, records.jsonl and the PNGs in out/demo/;
+5. the product itself (bench/demo_serve.py): the tiny model served by SGLang on CPU, stock and
+   with `--enable-jenga`, on a short shared-prefix load; cached tokens, prefill rounds and TTFT
+   side by side (skipped with `--no-serve`).
 """
 
 from __future__ import annotations
@@ -72,7 +75,13 @@ def run_demo(out_dir: str | Path = "out/demo") -> int:
 
 
 def main() -> int:
-    return run_demo()
+    status = run_demo()
+    if "--no-serve" in sys.argv[1:]:
+        return status
+    from jenga_sglang.bench.demo_serve import run_serve_demo
+
+    _say("serving the tiny model: stock, then --enable-jenga")
+    return status or run_serve_demo()
 
 
 if __name__ == "__main__":

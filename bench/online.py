@@ -88,12 +88,16 @@ class OnlineError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One request to send: the new user text and the reply length to ask for."""
+    """One request to send: the new user text and the reply length to ask for.
+
+    ``messages`` (role, content) pairs, when given, are sent instead of one user message
+    (an agentic-trace turn: bench/agentic_trace.py)."""
 
     session_id: int
     turn_id: int
     user_text: str
     max_tokens: int
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -259,7 +263,10 @@ async def _run_session(session: Any, run: _Run, turns: list[Turn]) -> None:
     for index, turn in enumerate(turns):
         if not run.take():
             return
-        messages.append({"role": "user", "content": turn.user_text})
+        if turn.messages:
+            messages.extend({"role": role, "content": text} for role, text in turn.messages)
+        else:
+            messages.append({"role": "user", "content": turn.user_text})
         result = TurnResult(turn.session_id, index)
         run.results.append(result)
         try:
@@ -357,8 +364,18 @@ def add_online_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "online", help="replay trace sessions against an OpenAI-compatible chat server"
     )
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--trace", required=True, help="JSONL trace (.gz / .xz accepted)")
+    p.add_argument("--url", default=None, help="server base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument(
+        "--trace",
+        required=True,
+        help="JSONL trace (.gz / .xz accepted) or SGLang agentic-trace JSON (.json)",
+    )
+    p.add_argument(
+        "--write-agentic-trace",
+        default=None,
+        metavar="OUT.json",
+        help="write the JSONL trace's sessions in SGLang's agentic-trace format and exit",
+    )
     p.add_argument("--max-requests", type=int, default=50, help="requests in all (default 50)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="time budget (default 120)")
     p.add_argument("--concurrency", type=int, default=4, help="sessions at a time (default 4)")
@@ -374,8 +391,10 @@ def cmd_online(args: argparse.Namespace) -> int:
     """Run the replay. Exit 0, 1 when any request failed or the server is unreachable, and 2 on
     bad input (settings, trace), each failure as one line on stderr like the rest of the CLI."""
     try:
+        if args.url is None and not args.write_agentic_trace:
+            raise ValueError("--url is required to replay")
         config = OnlineConfig(
-            url=args.url,
+            url=args.url or "http://127.0.0.1:30000",  # not contacted when only writing
             max_requests=args.max_requests,
             max_seconds=args.max_seconds,
             concurrency=args.concurrency,
@@ -383,7 +402,20 @@ def cmd_online(args: argparse.Namespace) -> int:
             max_output_tokens=args.max_output_tokens,
             model=args.model,
         )
-        sessions = sessions_from_trace(args.trace, config)
+        from jenga_sglang.bench.agentic_trace import (
+            is_agentic_trace,
+            read_agentic_trace,
+            write_agentic_trace,
+        )
+
+        if args.write_agentic_trace:
+            count = write_agentic_trace(args.trace, args.write_agentic_trace, config)
+            print(json.dumps({"conversations": count, "out": args.write_agentic_trace}))
+            return 0
+        if is_agentic_trace(args.trace):
+            sessions = read_agentic_trace(args.trace, config)
+        else:
+            sessions = sessions_from_trace(args.trace, config)
     except (ValueError, OSError) as exc:
         print(f"jenga-bench: error: {exc}", file=sys.stderr)
         return 2

@@ -115,6 +115,11 @@ class LocalServer:
             raise
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The launcher's PID, which leads the server's process group (None once stopped)."""
+        return None if self._proc is None else self._proc.pid
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

@@ -233,3 +233,80 @@ def test_cli_bad_input_and_unreachable_server_are_one_line_errors(
     assert _cli(["--url", "http://127.0.0.1:1", "--trace", str(trace)]) == 1  # nothing listens
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "http://127.0.0.1:1" in err[0]
+
+
+# ---- SGLang's agentic-trace JSON (bench/agentic_trace.py) ----
+
+
+@pytest.mark.sglang
+def test_our_trace_written_as_agentic_trace_loads_in_sglang(tmp_path: Path) -> None:
+    from sglang.benchmark.datasets.agentic_trace import AgenticTraceDataset
+
+    from jenga_sglang.bench.agentic_trace import (
+        is_agentic_trace,
+        read_agentic_trace,
+        write_agentic_trace,
+    )
+
+    trace = _trace(tmp_path / "t.jsonl")
+    config = OnlineConfig("http://x", max_output_tokens=3)
+    out = tmp_path / "agentic.json"
+    assert write_agentic_trace(trace, out, config) == 2
+    assert is_agentic_trace(out) and not is_agentic_trace(trace)
+    ours = sessions_from_trace(str(trace), config)
+    # SGLang's own loader: one row per conversation, the turns' message deltas as the prompt.
+    rows = AgenticTraceDataset(str(out), 0, 3, 0, None).load(tokenizer=None)
+    assert [len(r.prompt) for r in rows] == [3, 3]
+    for row, session in zip(rows, ours, strict=True):
+        assert row.output_len == 3
+        assert [turn[0]["content"] for turn in row.prompt] == [t.user_text for t in session]
+        assert all(turn[0]["role"] == "user" for turn in row.prompt)
+    assert rows[0].prompt_len == 5  # the trace's first input length
+    # And back: the same turns as replaying the JSONL trace.
+    back = read_agentic_trace(out, config)
+    assert [[t.user_text for t in s] for s in back] == [[t.user_text for t in s] for s in ours]
+
+
+def test_agentic_trace_replays_its_messages(tmp_path: Path, peer: Peer) -> None:
+    path = tmp_path / "sglang.json"
+    convo = [
+        {
+            "messages": [
+                {"role": "system", "content": "you are a cache"},
+                {"role": "user", "content": "hello there"},
+            ],
+            "prompt_tokens": 9,
+        },
+        {"messages": [], "prompt_tokens": 12},  # no new message: skipped, as SGLang does
+        {"messages": [{"role": "tool", "content": "ok"}], "prompt_tokens": 14},
+    ]
+    path.write_text(json.dumps({"metadata": {}, "conversations": [convo]}))
+    args = _online_args(["--url", peer.url, "--trace", str(path), "--json"])
+    assert args.func(args) == 0
+    assert [m["role"] for m in peer.bodies[0]["messages"]] == ["system", "user"]
+    assert [m["role"] for m in peer.bodies[1]["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+    ]
+    assert len(peer.bodies) == 2
+
+
+def test_write_agentic_trace_from_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.jsonl", sessions=3, turns=2)
+    out = tmp_path / "a.json"
+    args = _online_args(["--trace", str(trace), "--write-agentic-trace", str(out)])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["conversations"] == 3
+    assert len(json.loads(out.read_text())["conversations"]) == 3
+    bad = _online_args(["--trace", str(trace)])  # replaying needs --url
+    assert bad.func(bad) == 2
+
+
+def _online_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_online_parser(parser.add_subparsers())
+    return parser.parse_args(["online", *argv])

@@ -17,6 +17,10 @@ scheduler process. It registers, through SGLang's own HookRegistry:
 * AROUND `KVCacheConfigurator._init_pools`, AFTER `KVCacheConfigurator.configure`: with
   `--jenga-pool` (default on) SGLang's KV and Mamba pools are views of one Jenga pool and its
   allocators draw from it (binding/pool_hook.py);
+* AFTER `SchedulerPoolStatsObserver._get_mamba_token_info`: SGLang's Mamba usage figure over
+  what states can hold now in that pool (binding/usage.py);
+* BEFORE `TokenizerManager._validate_one_request`: with `--enable-jenga`, token ids outside the
+  vocabulary get a 400 instead of killing the scheduler (binding/vocab_check.py);
 
 and the radix-cache backend `jenga` (registered before parsing, so the flag accepts the name).
 
@@ -71,7 +75,14 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang.binding import capture_forward, cpu_snapshots, pool_hook, prefill_cut
+    from jenga_sglang.binding import (
+        capture_forward,
+        cpu_snapshots,
+        pool_hook,
+        prefill_cut,
+        usage,
+        vocab_check,
+    )
     from jenga_sglang.binding.factory import build_tree_cache
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
@@ -94,4 +105,6 @@ def register() -> None:
     )
     HookRegistry.register(f"{configurator}.configure", pool_hook.after_configure, HookType.AFTER)
     capture_forward.register(HookRegistry, HookType)
+    usage.register(HookRegistry, HookType)
+    vocab_check.register(HookRegistry, HookType)
     cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only
