@@ -2,7 +2,8 @@
 
 vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
-marconi       speculative admission + FLOP-aware eviction + faithful one-shot tuning
+marconi       speculative admission + FLOP-aware eviction + one-shot tuning (reference's schedule)
+marconi-postevict  marconi with our earlier schedule (window after the first eviction)
 jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
 """
 
@@ -84,6 +85,14 @@ BUNDLES: dict[str, Bundle] = {
             _speculative,
             FlopAwareEviction,
             MarconiTuner,
+        ),
+        Bundle(
+            "marconi-postevict",
+            "marconi with our earlier tuning schedule: window of N requests after the first "
+            "eviction, replayed from the cache at that eviction, scored whole",
+            _speculative,
+            FlopAwareEviction,
+            lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
         ),
         Bundle(
             "jenga",
