@@ -11,11 +11,12 @@ start *is* that replay, so the re-enactment needs no snapshot at all.
 from __future__ import annotations
 
 import pytest
-from radix_helpers import hybrid_spec
+from radix_helpers import hybrid_spec, make_cache, toks
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction
+from jenga_sglang.policies.reference_eviction import ReciprocalRecencyEviction
 from jenga_sglang.policies.tuning import MarconiTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.tokens import TokenSeq
@@ -89,3 +90,35 @@ def test_marconi_adopts_the_alpha_the_reference_procedure_picks(multiplier: int,
     at, scores, pick = reference_pick(trace, multiplier, tail)
     assert len(set(scores)) > 1, f"alphas tie on this trace: {scores}"  # the check can fail
     assert tuned(trace, multiplier=multiplier, scored_tail=tail) == [(at, pick)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0, 2.0])
+def test_reciprocal_recency_victim_is_the_reference_formula_argmin(alpha: float):
+    """The victim is the argmin, over every candidate, of the reference's utility computed here
+    from scratch: min-max(1 / (now - last access)) + alpha * min-max(FLOP efficiency)."""
+    policy = ReciprocalRecencyEviction(alpha=alpha)
+    cache = make_cache(hybrid_spec(), budget=10**7, eviction=policy)
+    for i in range(80):
+        start = 1000 * (i % 9)
+        cache.serve(TokenSeq.of(list(range(start, start + 3 + (i * 7) % 23))), toks(i), owner=i)
+
+    def norm(values: list[float]) -> list[float]:
+        lo, hi = min(values), max(values)
+        return [(v - lo) / (hi - lo) if hi > lo else 1.0 for v in values]
+
+    differs = 0
+    for _ in range(40):
+        candidates = [n for n in cache.tree.nodes() if policy.is_candidate(n)]
+        now = max(n.last_access for n in candidates) + 1
+        recency = norm([1.0 / (now - n.last_access) for n in candidates])
+        eff = norm([policy.efficiency(n) for n in candidates])
+        u = [r + alpha * e for r, e in zip(recency, eff, strict=True)]
+        best = min(range(len(candidates)), key=lambda i: (u[i], candidates[i].id))
+        assert policy.victim() is candidates[best]
+        linear = norm([float(n.last_access) for n in candidates])
+        lin_u = [r + alpha * e for r, e in zip(linear, eff, strict=True)]
+        differs += min(range(len(candidates)), key=lambda i: (lin_u[i], candidates[i].id)) != best
+        cache.tree.evict_for(cache.tree.kv_types[0])
+    cache.check_integrity()
+    if alpha >= 1.0:
+        assert differs > 0, "the reciprocal term never changed a victim: the test shows nothing"
