@@ -2,7 +2,9 @@
 
 vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
-marconi       speculative admission + FLOP-aware eviction + faithful one-shot tuning
+marconi       speculative admission + FLOP-aware eviction + one-shot tuning (reference's schedule)
+marconi-postevict  marconi with our earlier schedule (window after the first eviction)
+marconi-ref   marconi with the reference's recency term (min-max of 1 / age)
 jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
 """
 
@@ -16,6 +18,7 @@ from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmi
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
+from jenga_sglang.policies.reference_eviction import ReciprocalRecencyEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory
@@ -84,6 +87,22 @@ BUNDLES: dict[str, Bundle] = {
             _speculative,
             FlopAwareEviction,
             MarconiTuner,
+        ),
+        Bundle(
+            "marconi-ref",
+            "marconi with the reference's recency term, min-max of 1 / age "
+            "(policies/reference_eviction.py)",
+            _speculative,
+            ReciprocalRecencyEviction,
+            MarconiTuner,
+        ),
+        Bundle(
+            "marconi-postevict",
+            "marconi with our earlier tuning schedule: window of N requests after the first "
+            "eviction, replayed from the cache at that eviction, scored whole",
+            _speculative,
+            FlopAwareEviction,
+            lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
         ),
         Bundle(
             "jenga",

@@ -4,11 +4,11 @@ Both tuners observe the request stream of a `PrefixCache` (`after_request`) and 
 of recorded requests from a snapshot of the cache once per alpha of a grid, keeping the alpha
 whose replay scored best.
 
-marconi (faithful to the paper)
-    alpha = 0 until the first eviction. Then snapshot the cache and record a bootstrap window as
-    long as the number of requests seen before that eviction; replay it for every alpha of
-    {0, 0.1, ..., 2.0} (in worker processes with `run_grid_parallel`); adopt the alpha that saved
-    the most FLOPs; tune once.
+marconi (the reference's procedure, `MarconiTuner`)
+    alpha = 0 until tuning. N = requests seen at the first eviction; after 5 x N requests,
+    replay every request since the first, from the cache after the first request, once per
+    alpha of {0, 0.1, ..., 2.0} (in worker processes with `run_grid_parallel`); adopt the alpha
+    that saved the most FLOPs over the replay's last 500 requests; tune once.
 
 jenga (ours, `SlidingTuner`)
     Re-tunes all along the stream on windows of recent requests, each replayed from a snapshot
@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
@@ -134,6 +134,10 @@ class AlphaTuner(ABC):
         job = partial(
             grid_scores, self.runner, self.grid, cache.eviction.alpha, snap, window, served
         )
+        self._run(cache, job)
+
+    def _run(self, cache: PrefixCache, job: Callable[[], Scores]) -> None:
+        """Score the grid now, or hand the job to the background worker."""
         if self.background is not None:
             self.background.submit(job, self.seen)
             return
@@ -180,26 +184,76 @@ class AlphaTuner(ABC):
         return cache.tree.evicted_nodes + cache.tree.evicted_states > 0
 
 
+def tail_scores(
+    runner: GridRunner,
+    grid: Sequence[float],
+    current: float,
+    snap: bytes,
+    window: Sequence[Recorded],
+    served: Sequence[ServeResult | None],
+    last: int,
+) -> Scores:
+    """Grid scores of only the last `last` requests of the window's replays.
+
+    Replays are deterministic, so the replay of a prefix of the window is a prefix of the
+    window's replay: the tail's score is the whole window's minus its head's. This costs a
+    second (shorter) replay but works with any runner."""
+    whole = grid_scores(runner, grid, current, snap, window, served)
+    head_len = len(window) - last
+    if head_len <= 0:
+        return whole
+    head = grid_scores(runner, grid, current, snap, window[:head_len], served[:head_len])
+    return [(w[0] - h[0], w[1] - h[1]) for w, h in zip(whole, head, strict=True)]
+
+
+#: The reference's defaults: window m x N (m = 5; its LMSys runs use 15), scored on the last 500.
+BOOTSTRAP_MULTIPLIER = 5
+SCORED_TAIL = 500
+
+
 class MarconiTuner(AlphaTuner):
-    """Tune once, on a bootstrap window after the first eviction (the reference's method)."""
+    """Tune once, as the reference does (github ruipeterpan/marconi, read 2026-11-24).
+
+    alpha = 0 until then. N is the number of requests seen when the first eviction happens
+    (the evicting request counted). When `multiplier * N` requests have been seen, every
+    request since the first is replayed from the cache as it was after the first request
+    (the same state as the reference's empty-cache start: the first request cannot evict or
+    hit, whatever alpha) once per alpha, and the alpha whose replay saved the most FLOPs over
+    its last `scored_tail` requests is adopted, ties to the smallest alpha.
+
+    `from_start=False` is our earlier reading (kept as bundle `marconi-postevict`): snapshot at
+    the first eviction, window of the next N requests, scored whole.
+    """
 
     def __init__(
         self,
         grid: Sequence[float] = ALPHA_GRID,
         runner: GridRunner | None = None,
         background: BackgroundReplay | None = None,
+        multiplier: int = BOOTSTRAP_MULTIPLIER,
+        scored_tail: int | None = SCORED_TAIL,
+        from_start: bool = True,
     ) -> None:
         super().__init__(grid, runner, background=background)
+        if multiplier < 2 or (scored_tail is not None and scored_tail < 1):
+            raise ValueError(f"need multiplier >= 2, scored_tail >= 1: {multiplier}, {scored_tail}")
+        self.multiplier = multiplier
+        self.scored_tail = scored_tail
+        self.from_start = from_start
         self._snap: bytes | None = None
         self._window: list[Recorded] = []
         self._served: list[ServeResult | None] = []
         self._window_len = 0
+        self._first_eviction = 0  # N: requests seen at the first eviction; 0 before it
         self._done = False
 
     def _observe(
         self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
     ) -> None:
         if self._done:
+            return
+        if self.from_start:
+            self._observe_from_start(cache, inp, out, served)
             return
         if self._snap is None:
             cache.eviction.alpha = 0.0
@@ -210,9 +264,41 @@ class MarconiTuner(AlphaTuner):
         self._window.append((inp, out))
         self._served.append(served)
         if len(self._window) >= self._window_len:
-            self._tune(cache, self._snap, self._window, self._served)
-            self._done = True
-            self._snap, self._window, self._served = None, [], []
+            self._finish(cache, self._snap)
+
+    def _observe_from_start(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+    ) -> None:
+        if self._snap is None:  # the first request: the replays start after it
+            cache.eviction.alpha = 0.0
+            self._snap = self._snapshot(cache)
+        else:
+            self._window.append((inp, out))
+            self._served.append(served)
+        if not self._first_eviction and self._evicted(cache):
+            self._first_eviction = self.seen
+        if self._first_eviction and self.seen >= self.multiplier * self._first_eviction:
+            self._finish(cache, self._snap)
+
+    def _finish(self, cache: PrefixCache, snap: bytes) -> None:
+        window, served = self._window, self._served
+        self._done = True
+        self._snap, self._window, self._served = None, [], []
+        if self.scored_tail is None:
+            self._tune(cache, snap, window, served)
+            return
+        self._alpha_before = cache.eviction.alpha
+        job = partial(
+            tail_scores,
+            self.runner,
+            self.grid,
+            cache.eviction.alpha,
+            snap,
+            window,
+            served,
+            self.scored_tail,
+        )
+        self._run(cache, job)
 
 
 class SlidingTuner(AlphaTuner):

@@ -1,0 +1,124 @@
+"""`marconi` tunes as the reference does (github ruipeterpan/marconi), checked against an
+independent re-enactment of its procedure on a hand-built trace.
+
+The reference's procedure, stated here without the tuner's code: alpha = 0; N = requests seen
+when the cache first evicts; at request m x N, replay every request so far from an empty cache
+once per alpha, score each by the FLOPs saved over the replay's last `tail` requests, and adopt
+the best (ties: smallest alpha here). A cache that serves the stream with alpha fixed from the
+start *is* that replay, so the re-enactment needs no snapshot at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+from radix_helpers import hybrid_spec, make_cache, toks
+
+from jenga_sglang.policies.admission import SpeculativeAdmission
+from jenga_sglang.policies.bundles import byte_budget
+from jenga_sglang.policies.eviction import FlopAwareEviction
+from jenga_sglang.policies.reference_eviction import ReciprocalRecencyEviction
+from jenga_sglang.policies.tuning import MarconiTuner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.tokens import TokenSeq
+
+GRID = (0.0, 0.5, 1.0, 2.0)
+BUDGET = 2500
+
+
+def mixed_trace() -> list[tuple[TokenSeq, TokenSeq]]:
+    """Short chat sessions (three open at a time, lengths varying) interleaved with one-shot
+    prompts under a shared system prompt: long histories and short branches differ in FLOP
+    efficiency, so alphas disagree once the cache is full."""
+    out: list[tuple[TokenSeq, TokenSeq]] = []
+    system = list(range(1, 41))
+    for t in range(36):
+        for slot in range(3):
+            s = 3 * (t // 4) + slot  # each session lives four rounds
+            turn = t % 4
+            base = 50_000 * (s + 1)
+            history = [base]
+            for k in range(turn + 1):
+                user = [base + 200 * k + j for j in range(1, 4 + 4 * slot + s % 3)]
+                reply = [base + 200 * k + 100 + j for j in range(2 + slot)]
+                if k == turn:
+                    out.append((TokenSeq.of(history + user), TokenSeq.of(reply)))
+                history += user + reply
+        one_shot = [900_000 + 100 * t + j for j in range(1, 3 + t % 5)]
+        out.append((TokenSeq.of(system + one_shot), TokenSeq.of([7, 8, 9])))
+    return out
+
+
+def _fixed_alpha_run(trace, alpha):  # type: ignore[no-untyped-def]
+    spec = hybrid_spec()
+    cache = PrefixCache(
+        spec, byte_budget(spec, BUDGET), FlopAwareEviction(alpha), SpeculativeAdmission()
+    )
+    saved, first_eviction = [], 0
+    for i, (inp, out) in enumerate(trace):
+        saved.append(cache.serve(inp, out, owner=i).flops_saved)
+        if not first_eviction and cache.tree.evicted_nodes + cache.tree.evicted_states:
+            first_eviction = i + 1
+    return saved, first_eviction
+
+
+def reference_pick(trace, multiplier, tail):  # type: ignore[no-untyped-def]
+    """(request count at tuning, scores per alpha, alpha the reference's procedure adopts)."""
+    _, n = _fixed_alpha_run(trace, 0.0)
+    at = multiplier * n
+    assert n > 0 and at <= len(trace), "the trace must evict and reach the tuning point"
+    scores = [sum(_fixed_alpha_run(trace[:at], a)[0][max(0, at - tail) :]) for a in GRID]
+    best = max(range(len(GRID)), key=lambda i: (scores[i], -GRID[i]))
+    return at, scores, GRID[best]
+
+
+def tuned(trace, **kwargs):  # type: ignore[no-untyped-def]
+    spec = hybrid_spec()
+    cache = PrefixCache(
+        spec, byte_budget(spec, BUDGET), FlopAwareEviction(), SpeculativeAdmission()
+    )
+    tuner = MarconiTuner(grid=GRID, **kwargs)
+    for i, (inp, out) in enumerate(trace):
+        served = cache.serve(inp, out, owner=i)
+        tuner.after_request(cache, inp, out, served)
+    cache.check_integrity()
+    return tuner.log.history
+
+
+@pytest.mark.parametrize(("multiplier", "tail"), [(5, 500), (3, 500), (3, 8)])
+def test_marconi_adopts_the_alpha_the_reference_procedure_picks(multiplier: int, tail: int):
+    trace = mixed_trace()
+    at, scores, pick = reference_pick(trace, multiplier, tail)
+    assert len(set(scores)) > 1, f"alphas tie on this trace: {scores}"  # the check can fail
+    assert tuned(trace, multiplier=multiplier, scored_tail=tail) == [(at, pick)]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0, 2.0])
+def test_reciprocal_recency_victim_is_the_reference_formula_argmin(alpha: float):
+    """The victim is the argmin, over every candidate, of the reference's utility computed here
+    from scratch: min-max(1 / (now - last access)) + alpha * min-max(FLOP efficiency)."""
+    policy = ReciprocalRecencyEviction(alpha=alpha)
+    cache = make_cache(hybrid_spec(), budget=10**7, eviction=policy)
+    for i in range(80):
+        start = 1000 * (i % 9)
+        cache.serve(TokenSeq.of(list(range(start, start + 3 + (i * 7) % 23))), toks(i), owner=i)
+
+    def norm(values: list[float]) -> list[float]:
+        lo, hi = min(values), max(values)
+        return [(v - lo) / (hi - lo) if hi > lo else 1.0 for v in values]
+
+    differs = 0
+    for _ in range(40):
+        candidates = [n for n in cache.tree.nodes() if policy.is_candidate(n)]
+        now = max(n.last_access for n in candidates) + 1
+        recency = norm([1.0 / (now - n.last_access) for n in candidates])
+        eff = norm([policy.efficiency(n) for n in candidates])
+        u = [r + alpha * e for r, e in zip(recency, eff, strict=True)]
+        best = min(range(len(candidates)), key=lambda i: (u[i], candidates[i].id))
+        assert policy.victim() is candidates[best]
+        linear = norm([float(n.last_access) for n in candidates])
+        lin_u = [r + alpha * e for r, e in zip(linear, eff, strict=True)]
+        differs += min(range(len(candidates)), key=lambda i: (lin_u[i], candidates[i].id)) != best
+        cache.tree.evict_for(cache.tree.kv_types[0])
+    cache.check_integrity()
+    if alpha >= 1.0:
+        assert differs > 0, "the reciprocal term never changed a victim: the test shows nothing"
