@@ -351,7 +351,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     # ------------------------------------------------------------------ locks and eviction
 
     def _evictable_tokens(self) -> int:
-        return self.memory.usage(self.kv_type).evictable
+        return self.memory.evictable_count(self.kv_type)  # a counter: called around every lock
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
         before = self._evictable_tokens()
