@@ -63,6 +63,20 @@ def _stored(values: Any, dtype: Any) -> list[Any]:
     return ways
 
 
+def _rounding_steps(a: Any, b: Any) -> float:
+    """Largest |a - b| over the elements, in units of the storage dtype's spacing at the larger
+    magnitude (one rounding step = 1.0): how far apart two stored states are, whatever their
+    scale."""
+    import torch
+
+    x, y = a.float(), b.float()
+    spacing = torch.finfo(a.dtype).eps  # the spacing of [1, 2)
+    _, exp = torch.frexp(torch.maximum(x.abs(), y.abs()))
+    unit = torch.ldexp(torch.full_like(x, spacing), exp - 1)  # spacing of [2^(e-1), 2^e)
+    steps = torch.where(x == y, torch.zeros_like(x), (x - y).abs() / unit)
+    return float(steps.max()) if steps.numel() else 0.0
+
+
 class GatherCheck:
     """Wraps the conv gather the capture hooks launch and checks, bit for bit, that every
     captured conv state is the K-1 conv inputs before its position that this very forward
@@ -262,6 +276,9 @@ class Probe:
                     "conv_err": conv_err,
                     "conv_exact": all(
                         bool((a == b).all()) for a, b in zip(conv, ref_conv, strict=True)
+                    ),
+                    "conv_steps": max(
+                        _rounding_steps(a, b) for a, b in zip(conv, ref_conv, strict=True)
                     ),
                 }
             )

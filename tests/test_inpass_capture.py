@@ -4,10 +4,13 @@ The probe serves the tiny NemotronH with SGLang's ModelRunner and our cache in a
 once per Mamba strategy, and compares every captured state with the state after prefilling
 [0, p) alone the same way (from scratch, chunked, or resumed from the cached state): SSM state
 within 1e-5 (fp32). Conv state: every capture is bit for bit the conv inputs its forward used
-(checked inside the forward), and equals the prefix-alone conv state bit for bit at SGLang's
-default bf16 conv dtype (no_buffer); extra_buffer on CPU needs fp32 conv states (an fp32 model;
-bench/server.py), where the prefix-alone prefill's own in_proj GEMM rounds differently by a few
-ulps (within 1e-5), not the capture. Positions cover p below the conv width, before, at and
+(checked inside the forward). Against the prefix-alone conv state: at SGLang's default bf16 conv
+dtype (no_buffer) equal, or one bf16 rounding step apart where the prefix-alone prefill's own
+in_proj GEMM (over p tokens instead of the whole row) rounds an fp32 input differently and the
+bf16 store then rounds it to the neighbouring value (CPU BLAS kernels vary with the matrix shape
+and the instruction set, so which elements, if any, depends on the machine); extra_buffer on CPU
+needs fp32 conv states (an fp32 model; bench/server.py), where the same GEMM difference shows as a
+few fp32 ulps (within 1e-5). Positions cover p below the conv width, before, at and
 after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
 request, the second and third chunk of a chunked prefill, and the admission's own plan.
 The pure parts (geometry, slot bookkeeping) are tested here directly.
@@ -127,6 +130,7 @@ def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: str) -> None:
     found = _probe(tiny_model, strategy)
+    fp32_conv = strategy == "extra_buffer"  # bench/server.py STRATEGY_ENV
     scenarios = ["single", "batch-row0", "batch-row1", "batch-row2", "resumed", "chunked"]
     for name in [*scenarios, "natural"]:
         for row in found[name]["rows"]:
@@ -134,7 +138,9 @@ def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: st
             assert row["captured"], where
             assert row["temporal_err"] <= FP32_TOL, where
             assert row["conv_err"] <= FP32_TOL, where
-            assert row["conv_exact"] or strategy == "extra_buffer", where
+            # bf16 conv states (no_buffer): within one rounding step of the prefix-alone state
+            # (its in_proj GEMM over p tokens may round fp32 differently; see the module doc).
+            assert row["conv_exact"] or row["conv_steps"] <= 1.0 or fp32_conv, where
     assert found["resumed"]["hit"] == 100  # it started from the cached state
     assert found["natural"]["planned"] == [70, 120]  # branch point, prompt end
     assert found["logits"]["unchanged"]  # capturing does not perturb the forward
