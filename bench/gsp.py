@@ -117,7 +117,7 @@ def sglang_rows(p: GSPParams, vocab: MistralVocab) -> list[tuple[int, list[int],
             question_len=p.question_len,
             output_len=p.output_len,
             range_ratio=p.range_ratio,
-            tokenizer=vocab,  # type: ignore[arg-type]  # get_vocab() is all it uses
+            tokenizer=vocab,  # get_vocab() is all it uses
             seed=p.seed,
             send_routing_key=True,
             group_distribution=p.popularity,
