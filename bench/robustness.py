@@ -77,7 +77,7 @@ DEFAULT: tuple[Family, ...] = (
         (_gsp("zipf", 10240, 256, (5, 10, 20)), _gsp("zipf", 2048, 256, (1, 2, 4))),
     ),
     Family("doc-qa", (Workload("16x32", "doc-qa", _DOC_QA_LONG, (5, 10, 20)),)),
-    Family("fork", (Workload("default", "fork", ForkParams(), (0.1, 0.25)),)),
+    Family("fork", (Workload("default", "fork", ForkParams(), (0.2, 0.25)),)),
     Family("tree", (Workload("default", "tree", TreeParams(), (1, 2)),)),
 )
 
@@ -152,6 +152,7 @@ class Config:
         return best, self.rates[f"marconi@{best:g}"]
 
     def row(self, grid: Sequence[float]) -> dict[str, Any]:
+        """The comparisons; a ratio is 1 where its denominator hit nothing (JSON has no inf)."""
         name, base = self.baseline
         alpha, oracle = self.oracle(grid)
         points = 100 * (self.jenga - base)
