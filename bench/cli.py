@@ -1,4 +1,4 @@
-"""`jenga-bench`: replay, sweep, report, traces, demo, online, long-batch, overhead.
+"""`jenga-bench`: replay, sweep, report, traces, demo, online, long-batch, overhead, robustness.
 
     jenga-bench replay --trace PATH --model marconi-7b --cache-gb 2 --policy jenga --json
     jenga-bench sweep --trace A --trace B --cache-gb 1,2,5 --policies jenga,marconi --json
@@ -7,6 +7,7 @@
     jenga-bench demo
     jenga-bench long-batch --cache-gb 54,24,18,8 --plot out/long-batch.png
     jenga-bench overhead --nodes 10000,100000 --prompt-tokens 1024,32768,131072 --json
+    jenga-bench robustness --jobs 2
 
 Bad input (missing or malformed trace, unknown policy / model / mode) prints one line on
 stderr and exits with status 2. Subcommands import what they need when they run: the
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     from jenga_sglang.bench.overhead_cli import add_overhead_parser
 
     add_overhead_parser(sub)
+    from jenga_sglang.bench.robustness_cli import add_robustness_parser
+
+    add_robustness_parser(sub)
     return parser
 
 

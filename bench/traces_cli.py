@@ -1,6 +1,7 @@
 """``jenga-bench traces build <kind> [--out PATH] [params]``: build a trace file.
 
-Kinds: sharegpt, agent, doc-qa, system-chat, fork, tree. Every field of a kind's parameter
+Kinds: sharegpt, agent, doc-qa, system-chat, fork, tree, gsp (SGLang's generated-shared-prefix
+generator, bench/gsp.py). Every field of a kind's parameter
 dataclass is a flag (``--rate``, ``--article-len LO HI``...). Without ``--out`` the trace goes to
 the cache directory (``data/traces/`` by default) under a name keyed by the kind and its
 parameters, and an existing file there is reused unless ``--force`` is given.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench import agent, sharegpt, synthetic
+from jenga_sglang.bench import agent, gsp, sharegpt, synthetic
 from jenga_sglang.bench.trace import Request, write_trace
 
 DEFAULT_CACHE_DIR = Path("data/traces")
@@ -51,6 +52,12 @@ def _build_sharegpt(params: sharegpt.ShareGPTParams) -> tuple[list[Request], dic
     return reqs, sharegpt.sharegpt_meta(params, stats, tok)
 
 
+def _build_gsp(params: gsp.GSPParams) -> tuple[list[Request], dict[str, Any]]:
+    reqs, extra = gsp.gsp_trace(params)
+    meta = {"kind": "gsp", "params": dataclasses.asdict(params), "stats": _stats(reqs), **extra}
+    return reqs, meta
+
+
 KINDS: dict[str, tuple[type, Builder]] = {
     "sharegpt": (sharegpt.ShareGPTParams, _build_sharegpt),
     "agent": (agent.AgentParams, _synthetic(agent.agent_trace, "agent")),
@@ -58,6 +65,7 @@ KINDS: dict[str, tuple[type, Builder]] = {
     "system-chat": (synthetic.SystemChatParams, _synthetic(synthetic.system_chat, "system-chat")),
     "fork": (synthetic.ForkParams, _synthetic(synthetic.fork, "fork")),
     "tree": (synthetic.TreeParams, _synthetic(synthetic.tree_of_thought, "tree")),
+    "gsp": (gsp.GSPParams, _build_gsp),
 }
 
 

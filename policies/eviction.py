@@ -198,13 +198,21 @@ class JengaEviction(FlopAwareEviction):
       a cached sequence, once a control sample shows such tails are not hit again on this
       workload. Least recently used first.
 
-    * Superseded: a one-child node with a state whose child also ends in a state that has since
-      been hit. The requests that pass this way now resume from the deeper checkpoint: in a
-      multi-turn chat, the end of turn k once turn k + 2 has hit the end of turn k + 1; in an
-      agent trajectory, the previous branch point once the next one is in use. Its state costs
-      as much as hundreds of tokens of KV and is rarely hit again, so these go first (least
-      recently used among them). Dropping one keeps every token's KV (the child absorbs it), so
-      no hit below it is lost.
+    * Superseded: a one-child node with a state that the requests passing this way no longer
+      resume from, because a deeper checkpoint serves them: its child ends in a state that has
+      been hit (in an agent trajectory, the previous branch point once the next one is in use),
+      or it was never a junction and a request resumed from it and went on below (the end of
+      turn k of a chat once turn k + 1 has extended it). Its state costs as much as hundreds
+      of tokens of KV and is rarely hit again, so these go first (least recently used among
+      them). Dropping one keeps every token's KV (the child absorbs it), so no hit below it is
+      lost.
+
+      A junction (a node that has had two or more children: two continuations were seen
+      there) is not superseded by its own hits: a shared prefix (a system prompt, a document)
+      is resumed from by one request after another, each going on into a tail nobody resumes
+      from. Once the other tails are evicted it has one child, but that child says nothing about
+      where the next request will resume; dropping its state would turn the next hit on the
+      shared prefix into a miss.
     * Every other candidate competes under Marconi's utility. For a branch point with several
       children only its state can go (the branch and its KV stay), so a checkpoint on a popular
       junction survives while it is hit and an unpopular one does not pin a state forever.
@@ -216,6 +224,7 @@ class JengaEviction(FlopAwareEviction):
         self._abandoned = FirstRanked()
         self._expendable = FirstRanked()
         self._expended: set[int] = set()  # ids of expendable nodes still in the tree
+        self._junctions: set[int] = set()  # ids of nodes in the tree that had >= 2 children
         self.revived_expendable = 0
         self.bypass = BypassLearner()
         self._trusted = False  # the bypass rule the current ranking reflects
@@ -233,16 +242,17 @@ class JengaEviction(FlopAwareEviction):
             kv = max(1, sum(node_flops.kv_page_bytes))
             self.bypass.min_shared = round(0.25 * node_flops.state_bytes / kv)
 
-    @staticmethod
-    def is_superseded(node: Node) -> bool:
+    def is_superseded(self, node: Node) -> bool:
         if len(node.children) != 1 or node.state is None:
             return False
-        if node.hit_count:
+        if node.hit_count and node.id not in self._junctions:
             return True  # a request resumed from this state and went on below it
         (child,) = node.children.values()
         return child.state is not None and child.hit_count > 0
 
     def update(self, node: Node) -> None:
+        if len(node.children) > 1:
+            self._junctions.add(node.id)
         if not self.is_candidate(node):
             self._discard(node)
             return
@@ -269,6 +279,7 @@ class JengaEviction(FlopAwareEviction):
     def remove(self, node: Node) -> None:
         self.bypass.removed(node)  # the node leaves the tree
         self._expended.discard(node.id)
+        self._junctions.discard(node.id)
         self._discard(node)
 
     def _discard(self, node: Node) -> None:

@@ -200,9 +200,36 @@ def test_a_fresh_branch_checkpoint_is_not_superseded_until_the_one_below_is_used
     dead = node_at(cache, *range(20), 900)  # request k's rest of history: never resumed
     cache.tree.evict_leaf(dead)
     assert len(branch.children) == 1 and not policy.is_superseded(branch)
-    # k+2 resumes from the branch point and checkpoints its own branch point below it
+    # k+2 resumes from the branch point and checkpoints its own branch point below it; the
+    # branch point is a junction (two continuations were seen there), so that hit alone does
+    # not tell the traffic has moved on
     cache.serve(seq(0, 12).concat(toks(500, 501, 777)), toks(902), owner=3)
+    assert not policy.is_superseded(branch)
+    # k+3 rewrites k+2's history past k+2's branch point and resumes from it: the deeper
+    # checkpoint is in use
+    cache.serve(seq(0, 12).concat(toks(500, 501, 888)), toks(903), owner=4)
+    assert node_at(cache, *range(12), 500, 501).hit_count == 1
     assert policy.is_superseded(branch)
+    cache.check_integrity()
+
+
+def test_a_shared_prefix_keeps_its_state_when_one_tail_is_left():
+    # generated-shared-prefix shape: requests resume from a shared prompt's branch state and go
+    # on into questions nobody asks again. Once the other tails are gone the prompt has one
+    # child, yet the next request of the group resumes from the prompt, not from that tail.
+    cache = make_cache(hybrid_spec(), eviction=JengaEviction(alpha=0.0))
+    for i, q in enumerate((50, 60, 70)):
+        cache.serve(seq(0, 12).concat(toks(q, q + 1)), toks(q + 2), owner=i)
+    prompt = node_at(cache, *range(12))
+    policy = cache.eviction
+    assert isinstance(policy, JengaEviction)
+    assert prompt.state is not None and prompt.hit_count == 1  # the third request hit it
+    for q in (60, 70):  # the newer tails go; the oldest one, older than the prompt's hit, stays
+        cache.tree.evict_leaf(node_at(cache, *range(12), q, q + 1, q + 2))
+    assert len(prompt.children) == 1 and not policy.is_superseded(prompt)
+    (tail,) = prompt.children.values()
+    assert tail.last_access < prompt.last_access
+    assert policy.victim() is tail  # the stale tail goes before the prompt's state
     cache.check_integrity()
 
 
