@@ -66,22 +66,30 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     bar = tqdm(total=work, desc="overhead", unit="req", disable=args.no_progress, file=sys.stderr)
     rows: list[Measured] = []
     for nodes in args.nodes:
+        stream = len(args.prompt_tokens) * args.repeats * (args.running + args.requests)
+        built: dict[str, Any] = {}
         for cache in args.caches:
-            stream = len(args.prompt_tokens) * args.repeats * (args.running + args.requests)
-            native = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
+            built[cache] = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
             bar.set_postfix_str(f"{cache}, warming {nodes} nodes")
-            warm(native, nodes, args.seed, lambda: bar.update())
-            for prompt in args.prompt_tokens:
-                bar.set_postfix_str(f"{cache}, {nodes} nodes, {prompt}-token prompts")
-                point = Point(cache, nodes, prompt, args.running)
-                runs = [
-                    measure(native, point, args.requests, args.seed + i, lambda: bar.update())
-                    for i in range(args.repeats)
-                ]
-                row = median(runs)
+            warm(built[cache], nodes, args.seed, lambda: bar.update())
+        for prompt in args.prompt_tokens:
+            bar.set_postfix_str(f"{nodes} nodes, {prompt}-token prompts")
+            runs: dict[str, list[Measured]] = {cache: [] for cache in args.caches}
+            for i in range(args.repeats):
+                # Caches take turns: a shared machine's load drifts over minutes, and turns
+                # put each drift on both sides instead of on whichever ran second.
+                for cache in args.caches:
+                    point = Point(cache, nodes, prompt, args.running)
+                    seed = args.seed + i
+                    runs[cache].append(
+                        measure(built[cache], point, args.requests, seed, lambda: bar.update())
+                    )
+            for cache in args.caches:
+                row = median(runs[cache])
                 rows.append(row)
                 if args.json:
                     print(json.dumps(row.row()), flush=True)
+        built.clear()  # the next tree size builds its own pools
     bar.close()
     if not args.json:
         print(_table(rows))
