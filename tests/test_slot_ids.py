@@ -15,7 +15,7 @@ def test_held_ids_refuse_clashes_and_change_nothing() -> None:
     held.add(np.array([3, 5, 9]))
     held.add(np.array([-1, -2]))  # a tuner copy's synthetic ids
     assert len(held) == 5 and held.ids() == {3, 5, 9, -1, -2}
-    for twice in ([7, 5], [7, 8, 7], [-3, 4, -3]):
+    for twice in ([5], [-1], [7, 5], [7, 8, 7], [-3, 4, -3]):
         with pytest.raises(ValueError, match="adopted twice"):
             held.add(np.array(twice))
     assert held.ids() == {3, 5, 9, -1, -2} and len(held) == 5
@@ -23,6 +23,8 @@ def test_held_ids_refuse_clashes_and_change_nothing() -> None:
         with pytest.raises(AssertionError, match="not held"):
             held.remove(np.array(stray))
     held.remove(np.array([3, -2]))
+    held.remove(np.array([-1]))
+    held.add(np.array([-1]))  # one id at a time takes scalar steps: same answers
     held.add(np.array([1000, 3]))  # grows its array; a freed id can come back
     assert held.ids() == {3, 5, 9, -1, 1000} and len(held) == 5
 

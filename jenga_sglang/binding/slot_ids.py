@@ -26,7 +26,7 @@ def as_ids(ids: Iterable[int] | npt.NDArray[np.integer]) -> Ids:
     may overwrite: a request row is rewritten when the request is repointed)."""
     if isinstance(ids, np.ndarray):
         return ids.astype(np.int64, copy=True).reshape(-1)
-    return np.fromiter(ids, dtype=np.int64)
+    return np.array(ids if isinstance(ids, list) else list(ids), dtype=np.int64).reshape(-1)
 
 
 def page_ids(pages: Pages) -> Ids:
@@ -74,6 +74,16 @@ class HeldIds:
 
     def add(self, ids: Ids) -> None:
         """Hold `ids`; ValueError (nothing changed) if one is held already or given twice."""
+        if len(ids) == 1:  # a state slot: scalar steps, not array calls (~10x cheaper)
+            sign, at = self._place(int(ids[0]))
+            stamps = self._stamps[sign]
+            if at >= len(stamps):
+                stamps = self._grown(sign, np.array([at]))
+            if stamps[at] >= 0:
+                raise ValueError(f"slots {[int(ids[0])]} adopted twice")
+            stamps[at] = 0
+            self._count += 1
+            return
         parts = [(part, self._grown(sign, part)) for sign, part in self._parts(ids)]
         for part, stamps in parts:
             if (stamps[part] >= 0).any():
@@ -94,6 +104,14 @@ class HeldIds:
 
     def remove(self, ids: Ids) -> None:
         """Stop holding `ids`; AssertionError (nothing changed) if one is not held."""
+        if len(ids) == 1:
+            sign, at = self._place(int(ids[0]))
+            stamps = self._stamps[sign]
+            if at >= len(stamps) or stamps[at] < 0:
+                raise AssertionError(f"slots {[int(ids[0])]} freed but not held")
+            stamps[at] = -1
+            self._count -= 1
+            return
         parts = [(part, self._stamps[sign]) for sign, part in self._parts(ids)]
         for part, stamps in parts:
             if int(part.max()) >= len(stamps) or (stamps[part] < 0).any():
@@ -107,6 +125,11 @@ class HeldIds:
         held = np.flatnonzero(self._stamps[True] >= 0).tolist()
         held += (-np.flatnonzero(self._stamps[False] >= 0)).tolist()
         return frozenset(held)
+
+    @staticmethod
+    def _place(slot: int) -> tuple[bool, int]:
+        """(sign, index into that sign's array) of one id (see `_parts`)."""
+        return (True, slot) if slot >= 0 else (False, -slot)
 
     @staticmethod
     def _parts(ids: Ids) -> Iterable[tuple[bool, Ids]]:

@@ -173,6 +173,8 @@ class SlotMemory(SlotIdMemory):
     def adopt(self, ptype: PageType, ids: Iterable[int] | npt.NDArray[np.integer]) -> Pages:
         """Take over slots SGLang allocated (they become used pages of the caller)."""
         got = as_ids(ids)
+        if not len(got):
+            return SlotPages(got)
         if self.held(ptype) + len(got) > self._capacity[ptype]:
             raise OutOfMemory(f"{ptype}: adopting {len(got)} slots exceeds {self._capacity[ptype]}")
         self._take(ptype, got)
