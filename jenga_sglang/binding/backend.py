@@ -342,7 +342,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         present = walk.length
         new_ids = value[present : len(tokens)].cpu().numpy()  # adopt copies them
         kv = [self.memory.adopt(self.kv_type, new_ids)]
-        held = {n.end for n in walk.path if n.state is not None}
+        # The walk's last node may end past `present`, on another sequence: not a checkpoint here.
+        held = {n.end for n in walk.path if n.state is not None and n.end <= present}
         refused = {p: slot for p, slot in states.items() if p in held or self.state_type is None}
         adopt = {
             p: self.memory.adopt(self.state_type, [slot])
