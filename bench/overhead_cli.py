@@ -53,6 +53,7 @@ def add_overhead_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
     from jenga_sglang.bench.cli import BadInput
@@ -61,6 +62,10 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     if unknown or min(args.running, args.requests, args.repeats) <= 0:
         raise BadInput(f"caches must be of {', '.join(CACHES)} (got {unknown}); "
                        "--running, --requests and --repeats must be > 0")  # fmt: skip
+    # One thread, as the figure is the scheduler thread's CPU: torch would hand large CPU ops
+    # (SGLang's free-list merges) to helper threads, uncounted, and on a loaded machine wait
+    # for them (60 ms per Mamba free, 2 hours to warm 100k nodes of SGLang's cache).
+    torch.set_num_threads(1)
     per_point = args.repeats * args.requests
     work = len(args.caches) * sum(n + len(args.prompt_tokens) * per_point for n in args.nodes)
     bar = tqdm(total=work, desc="overhead", unit="req", disable=args.no_progress, file=sys.stderr)
