@@ -131,6 +131,15 @@ class SlotIdMemory(CacheMemory):
             self._move(ptype, -len(ids))
         self._give_back(ptype, ids)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Compiled (`make accelerate`), `CacheMemory` keeps its evictor in a native slot, out of
+        # `__dict__`: a pickled copy (the alpha tuner's) would lose it, and its replays fail.
+        return {**self.__dict__, "_evictor": self._evictor}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():  # setattr: a compiled base's slots included
+            setattr(self, name, value)
+
     @abstractmethod
     def _give_back(self, ptype: PageType, ids: Ids) -> None:
         """Freed ids (already out of the held set) go back to their allocator."""
@@ -246,7 +255,7 @@ class SlotMemory(SlotIdMemory):
         self.freed_slots[ptype] += len(ids)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
