@@ -6,7 +6,7 @@ token). Kept as Python ints in lists and sets they cost ~60 ns each to convert, 
 the tree splits a node and concatenated when it merges two, and the ids a memory holds are
 marked in an array indexed by id (`HeldIds`), so adopting, freeing and gathering a path's ids
 are a few numpy calls whatever their number. The ids reach SGLang's allocators as tensors made
-from these arrays without a copy (`torch.from_numpy`).
+from these arrays (`torch.from_numpy`), never through a Python list.
 """
 
 from __future__ import annotations
