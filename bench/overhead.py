@@ -9,8 +9,13 @@ then `release_kv_cache(checkpoint=True)`), so the only difference is the tree be
 One measurement, for a tree of about `nodes` nodes, prompts of `prompt_tokens` and `running`
 requests in flight:
 
-1. warm-up (untimed): `nodes` short requests in groups build the tree (a shared 16-token group
-   head, then 16 tokens of their own: one leaf each, one head per group);
+1. warm-up (untimed): `nodes` short sequences in groups build the tree (a shared 16-token group
+   head, then 16 tokens of their own: one leaf each with a state at its end, one head per
+   group). Each gets KV slots and a state slot from SGLang's allocators and goes in through the
+   cache's `insert`, as a finished request's KV does, with the same calls for both caches; the
+   duplicates' frees are grouped (`free_group_begin/end`, as the scheduler groups a batch's
+   frees), `FREE_BATCH` sequences a group. Served whole through the scheduler path, with each
+   free merging SGLang's free list by `torch.cat`, 100k nodes took over an hour to build;
 2. fill (untimed): `running` requests are admitted and prefilled and stay in flight. Each
    prompt is a context shared by the whole point (`prompt_tokens - NEW_TOKENS` tokens, cached
    after the first request) plus `NEW_TOKENS` of its own: long prompts are mostly hits, as in
@@ -20,6 +25,7 @@ requests in flight:
    (`time.thread_time`) is split into tensor work (SGLang's Mamba state copies and clears: the
    hit's copy-on-write that the next extend batch runs, and any copy the cache makes itself;
    real memcpy on CPU, asynchronous device work on a GPU) and the rest, the bookkeeping.
+   `jenga-bench overhead` runs torch on one thread, so no CPU work escapes that clock.
 
 The pools hold the budget in slot counts with tiny per-slot tensors (bench/sglang_pools.py), so
 tensor work here is a lower bound; bookkeeping does not depend on tensor sizes.
@@ -42,6 +48,7 @@ GROUP = 64  # warm-up requests per group head
 HEAD, TAIL = 16, 16  # warm-up request: group head + own tail
 CHUNK_TOKENS = 8192  # prefill chunk (SGLang's default --chunked-prefill-size on large GPUs)
 SPARE = 1.25  # slots beyond what the stream holds at once (no eviction while measuring)
+FREE_BATCH = 512  # warm-up requests whose KV frees SGLang's allocator merges at once
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,30 @@ def build_cache(cache: str, nodes: int, max_prompt: int, running: int, requests:
 
 
 def warm(native: Any, nodes: int, seed: int, tick: Callable[[], None]) -> None:
-    for prompt in _warm_prompts(nodes, np.random.default_rng(seed)):
-        native.serve(prompt, [1])
-        tick()
+    """Step 1 of the module doc, the same calls for both caches. The room the open free group
+    holds back (at most `FREE_BATCH` heads' duplicates) is within the pools' `SPARE`."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    allocator, states = native.allocator, native.req_pool.mamba_allocator
+    allocator.free_group_begin()
+    try:
+        for i, prompt in enumerate(_warm_prompts(nodes, np.random.default_rng(seed)), 1):
+            kv, state = allocator.alloc(len(prompt)), states.alloc(1)
+            if kv is None or state is None:
+                raise RuntimeError("the warm-up outgrew the pools")
+            key = RadixKey(array("q", prompt))
+            got = native.tree.insert(InsertParams(key=key, value=kv, mamba_value=state))
+            if got.prefix_len:
+                allocator.free(kv[: got.prefix_len])  # the group head, cached already
+            if got.mamba_exist:
+                states.free(state)
+            tick()
+            if i % FREE_BATCH == 0:
+                allocator.free_group_end()
+                allocator.free_group_begin()
+    finally:
+        allocator.free_group_end()
 
 
 def measure(

@@ -53,6 +53,7 @@ def add_overhead_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
     from jenga_sglang.bench.cli import BadInput
@@ -61,27 +62,39 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     if unknown or min(args.running, args.requests, args.repeats) <= 0:
         raise BadInput(f"caches must be of {', '.join(CACHES)} (got {unknown}); "
                        "--running, --requests and --repeats must be > 0")  # fmt: skip
+    # One thread, as the figure is the scheduler thread's CPU: torch would hand large CPU ops
+    # (SGLang's free-list merges) to helper threads, uncounted, and on a loaded machine wait
+    # for them (60 ms per Mamba free, 2 hours to warm 100k nodes of SGLang's cache).
+    torch.set_num_threads(1)
     per_point = args.repeats * args.requests
     work = len(args.caches) * sum(n + len(args.prompt_tokens) * per_point for n in args.nodes)
     bar = tqdm(total=work, desc="overhead", unit="req", disable=args.no_progress, file=sys.stderr)
     rows: list[Measured] = []
     for nodes in args.nodes:
+        stream = len(args.prompt_tokens) * args.repeats * (args.running + args.requests)
+        built: dict[str, Any] = {}
         for cache in args.caches:
-            stream = len(args.prompt_tokens) * args.repeats * (args.running + args.requests)
-            native = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
+            built[cache] = build_cache(cache, nodes, max(args.prompt_tokens), args.running, stream)
             bar.set_postfix_str(f"{cache}, warming {nodes} nodes")
-            warm(native, nodes, args.seed, lambda: bar.update())
-            for prompt in args.prompt_tokens:
-                bar.set_postfix_str(f"{cache}, {nodes} nodes, {prompt}-token prompts")
-                point = Point(cache, nodes, prompt, args.running)
-                runs = [
-                    measure(native, point, args.requests, args.seed + i, lambda: bar.update())
-                    for i in range(args.repeats)
-                ]
-                row = median(runs)
+            warm(built[cache], nodes, args.seed, lambda: bar.update())
+        for prompt in args.prompt_tokens:
+            bar.set_postfix_str(f"{nodes} nodes, {prompt}-token prompts")
+            runs: dict[str, list[Measured]] = {cache: [] for cache in args.caches}
+            for i in range(args.repeats):
+                # Caches take turns: a shared machine's load drifts over minutes, and turns
+                # put each drift on both sides instead of on whichever ran second.
+                for cache in args.caches:
+                    point = Point(cache, nodes, prompt, args.running)
+                    seed = args.seed + i
+                    runs[cache].append(
+                        measure(built[cache], point, args.requests, seed, lambda: bar.update())
+                    )
+            for cache in args.caches:
+                row = median(runs[cache])
                 rows.append(row)
                 if args.json:
                     print(json.dumps(row.row()), flush=True)
+        built.clear()  # the next tree size builds its own pools
     bar.close()
     if not args.json:
         print(_table(rows))

@@ -8,7 +8,9 @@ memory pool over the same budget (bench/sglang_pools.py builds both).
 Serving one request reuses SGLang's own scheduler helpers, in the scheduler's order:
 `alloc_req_slots` (request row, Mamba slot, two ping-pong track slots), `init_next_round_input`
 (match_prefix with copy-on-write of the matched state; the key is capped at input - 1 tokens),
-`tree_cache.lock(last_node)`, then per prefill chunk `alloc_token_slots` (evicting LRU),
+`tree_cache.lock(last_node)`, the hit's KV slots read off the tree into the request's row
+(`prefix_device_indices`, as `alloc_for_extend` does), then per prefill chunk
+`alloc_token_slots` (evicting LRU),
 `ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` (which position's state is tracked:
 the chunk end floored to the 64-token grid, or the match's branching point instead), and
 `checkpoint_kv_cache`. Decode allocates the KV of output tokens 0..n-2 (the last sampled token
@@ -123,6 +125,9 @@ class SglangNativeCache:
         from sglang.srt.mem_cache.common import checkpoint_kv_cache
 
         total = len(req.origin_input_ids)
+        if req.prefix_len > 0:  # alloc_for_extend: the hit's slots, read off the tree
+            prefix = self.tree.prefix_device_indices(req)
+            self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
         while req.prefix_len < total:
             start = req.prefix_len
             end = min(start + self.chunk_tokens, total)

@@ -37,6 +37,7 @@ import torch
 from jenga_sglang.bench import sglang_pools
 from jenga_sglang.bench.sglang_buffer import moves_of
 from jenga_sglang.bench.sglang_split import static_split
+from jenga_sglang.binding.slot_ids import Ids, SlotPages, as_ids
 from jenga_sglang.binding.slot_memory import SlotIdMemory, SlotMemory
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, Pages, PageType, Usage
@@ -129,9 +130,9 @@ class SglangUnifiedMemory(SlotIdMemory):
         got = self._sglang_alloc(ptype, count)
         if got is None:  # SGLang's own view promised the room: a modelling error, not OOM
             raise AssertionError(f"SGLang refused {count} {ptype} pages it said were free")
-        ids: list[int] = got.tolist()
+        ids = as_ids(got.numpy())
         self._take(ptype, ids)
-        return IdPages(ids)
+        return SlotPages(ids)
 
     def _could_ever_hold(self, ptype: PageType, count: int) -> bool:
         """Whether an empty pool could serve the allocation (the contract's early refusal)."""
@@ -145,8 +146,8 @@ class SglangUnifiedMemory(SlotIdMemory):
         self._composite.prepare_mamba_allocation(count)
         return self._slots.alloc(count)  # type: ignore[no-any-return]
 
-    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
-        index = torch.tensor(ids, dtype=torch.int64)
+    def _give_back(self, ptype: PageType, ids: Ids) -> None:
+        index = torch.from_numpy(ids)
         if ptype == self.kv_type:
             self._composite.free(index)  # compacts now, or leaves holes (lazy)
         else:

@@ -4,8 +4,8 @@ Importing this package is cheap: it never imports torch or sglang. Those load on
 `jenga_sglang.pool.layout`, `jenga_sglang.binding` and `jenga_sglang.kernels`.
 """
 
-from jenga_sglang.compiled import check_fresh
+from jenga_sglang.compiled import use_fresh_build
 
 __version__ = "0.1.0"
 
-check_fresh()  # an optional mypyc build must match the sources (jenga_sglang/compiled.py)
+use_fresh_build()  # a mypyc build is used only while it matches the sources (compiled.py)

@@ -16,17 +16,27 @@ The sources carry mypyc's class options (`mypy_extensions.mypyc_attr`, a no-op i
 * `native_class=False` on exceptions and on frozen dataclasses sent between processes (a
   compiled frozen dataclass cannot be unpickled).
 
+`make install` builds it where mypyc and a C compiler are present (and says why not where
+they are missing), so the server's tree and policies run compiled by default.
+
 A compiled module that no longer matches its source would silently run old code, so the build
-records a digest of the sources and importing `jenga_sglang` refuses a stale build
-(`check_fresh`). This module is never compiled itself.
+records a digest of the sources (`check_fresh` raises on a stale build). Importing
+`jenga_sglang` with a stale build warns and imports every one of `MODULES` from its source
+instead (`prefer_sources`): editing a source never breaks a run, it only loses the speed until
+`make accelerate` rebuilds. This module is never compiled itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
-from importlib.machinery import EXTENSION_SUFFIXES
+import warnings
+from collections.abc import Sequence
+from importlib.abc import MetaPathFinder
+from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
+from importlib.util import spec_from_file_location
 from pathlib import Path
+from types import ModuleType
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -86,6 +96,30 @@ def check_fresh() -> None:
             f"the mypyc build under {PACKAGE} is stale: its sources changed since it was "
             "compiled. Rebuild it (`make accelerate`) or remove it (`make unaccelerate`)."
         )
+
+
+class _Sources(MetaPathFinder):
+    """Finds `MODULES` at their .py sources, ahead of the extension modules beside them."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        return spec_from_file_location(fullname, source(fullname)) if fullname in MODULES else None
+
+
+def prefer_sources() -> None:
+    """Import `MODULES` from their sources from now on (before any of them is imported)."""
+    if not any(isinstance(f, _Sources) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources())
+
+
+def use_fresh_build() -> None:
+    """At package import: a fresh build is used; a stale one is set aside, with a warning."""
+    try:
+        check_fresh()
+    except ImportError as stale:
+        warnings.warn(f"{stale} Running the pure-Python sources meanwhile.", stacklevel=2)
+        prefer_sources()
 
 
 def compiled() -> bool:

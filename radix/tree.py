@@ -90,10 +90,19 @@ class RadixTree(Evictor):
 
     # ------------------------------------------------------------------ look-ups
 
-    def walk(self, key: TokenSeq) -> Walk:
+    def walk(self, key: TokenSeq, start: Node | None = None) -> Walk:
         """How many leading tokens of `key` the tree holds, ignoring hit rules. Nothing changes
-        but the shape: runs along the way are cut into their chain's nodes (Runs, above)."""
+        but the shape: runs along the way are cut into their chain's nodes (Runs, above).
+
+        `start`: a node known to hold `key`'s first `start.end` tokens, no run, on a path no
+        walk would cut (a request's locked node: its match walked there, and locked nodes are
+        never merged into runs). The walk compares tokens only below it, so a request's later
+        inserts do not compare its long cached prefix again."""
         node, pos, path, size = self.root, 0, [], len(key)
+        if start is not None and start is not self.root:
+            if start.inner or start.end > size or start.lock_ref <= 0:
+                raise ValueError(f"walk from {start!r}: not a locked node on the key's path")
+            node, pos, path = start, start.end, start.path_from_root()
         while pos < size:
             child = node.children.get(key.head(pos))
             if child is None:

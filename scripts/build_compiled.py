@@ -4,7 +4,8 @@ Not named accelerate.py: scripts run with scripts/ first on sys.path, where a mo
 `accelerate` would shadow Hugging Face's package (transformers then fails to read its version).
 
     python scripts/build_compiled.py           build (replaces an earlier build)
-    python scripts/build_compiled.py --clean   remove the build: back to pure Python
+    python scripts/build_compiled.py --clean   remove the build: back to pure Python (and
+                                               `make install` no longer builds it)
 
 The modules are `jenga_sglang.compiled.MODULES`. Each gets an extension module next to its
 source, plus one shared library `jenga_sglang/_accel__mypyc*.so` holding the code of all of
@@ -78,6 +79,8 @@ def main() -> int:
     reg = _registry()
     clean(reg)
     if args.clean:
+        # The stamp stays, saying so: `make install` builds only where no stamp is.
+        reg.STAMP.write_text("pure Python (make unaccelerate)\n")
         print("accelerate: build removed; the pure-Python modules are in use")
         return 0
     reason = missing_tool()

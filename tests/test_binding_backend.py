@@ -195,6 +195,17 @@ def test_duplicate_state_is_refused(sg: Any) -> None:
     assert r.prefix_len == 4 and r.mamba_exist
 
 
+def test_a_sibling_state_at_the_same_depth_is_no_duplicate(sg: Any) -> None:
+    """A new sequence ending where a diverging sibling has its checkpoint (same length, other
+    tokens) keeps its own state: the sibling's is on another path."""
+    cache, allocator, req_pool = _cache(sg, mamba=True)
+    _insert(sg, cache, allocator, [5, 6, 7, 8], state=req_pool.mamba_allocator.alloc(1))
+    r, _ = _insert(sg, cache, allocator, [5, 6, 9, 9], state=req_pool.mamba_allocator.alloc(1))
+    assert r.prefix_len == 2 and not r.mamba_exist
+    assert _match(sg, cache, [5, 6, 9, 9, 1]).device_prefix_len == 4
+    cache.sanity_check()
+
+
 def test_two_caches_same_trace_same_decisions(sg: Any) -> None:
     """Tensor-parallel ranks: identical call streams give identical hits and evictions."""
     import random

@@ -69,6 +69,32 @@ def test_a_stale_build_is_refused(tmp_path: Path) -> None:
         reg.check_fresh()
 
 
+def test_a_stale_build_is_set_aside_at_import(tmp_path: Path) -> None:
+    """Importing the package with a stale build warns and finds every compiled module at its
+    source from then on (the build is used by default, so an edit must not break a run)."""
+    package = tmp_path / "jenga_sglang"
+    for module in MODULES:
+        path = package.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {module}\n")
+    shutil.copy(ROOT / "jenga_sglang" / "compiled.py", package / "compiled.py")
+    (package / "radix" / f"tree{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    reg = load_registry(package)
+    reg.STAMP.write_text("an older digest\n")
+    before = list(sys.meta_path)
+    try:
+        with pytest.warns(UserWarning, match="stale"):
+            reg.use_fresh_build()
+        finder = sys.meta_path[0]
+        spec = finder.find_spec("jenga_sglang.radix.tree", None)
+        assert spec is not None and spec.origin == str(reg.source("jenga_sglang.radix.tree"))
+        assert finder.find_spec("jenga_sglang.binding.backend", None) is None
+        reg.prefer_sources()
+        assert len(sys.meta_path) == len(before) + 1  # one finder, however often asked
+    finally:
+        sys.meta_path[:] = before
+
+
 def chat_trace(path: Path, sessions: int = 100, turns: int = 5, seed: int = 0) -> Path:
     """Multi-turn sessions with a shared system prompt, arriving interleaved: enough requests
     and evictions for both tuners to snapshot, pickle and replay the cache."""

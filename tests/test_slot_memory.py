@@ -80,3 +80,14 @@ def test_the_engine_says_what_fits_and_a_copy_forgets_it() -> None:
     assert memory.make_room(KV, 7)  # already true: nothing to evict
     copy = pickle.loads(pickle.dumps(memory))  # the alpha tuner replays on such a copy
     assert copy.room(KV) == 20 and copy.room(ST) == 4  # its own byte model
+
+
+def test_a_pickled_cache_keeps_its_evictor() -> None:
+    """The alpha tuner replays on a pickled copy, which must evict through its own tree; with
+    the compiled build the evictor lives in a native slot of `CacheMemory`, not `__dict__`."""
+    cache, _ = _cache(shared=False)
+    copy = pickle.loads(pickle.dumps(cache))
+    assert copy.memory.make_room(KV, 5)
+    assert copy.tree.evicted_nodes + copy.tree.evicted_states > 0
+    assert cache.tree.evicted_nodes == cache.tree.evicted_states == 0
+    copy.check_integrity()

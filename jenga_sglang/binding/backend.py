@@ -47,6 +47,7 @@ from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.plans import Planned, RequestPlans
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
+from jenga_sglang.binding.slot_ids import Ids, page_ids
 from jenga_sglang.binding.slot_memory import SlotMemory
 from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
@@ -177,8 +178,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             sizes[self.state_type] = self.spec.state_bytes
         return sizes
 
-    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
-        index = _index_tensor(ids, self.device)
+    def _give_back(self, ptype: PageType, ids: Ids) -> None:
+        index = torch.from_numpy(ids).to(self.device)
         if ptype == self.kv_type:
             self.token_to_kv_pool_allocator.free(index)
         else:
@@ -321,29 +322,35 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         return result
 
     def _insert(
-        self, tokens: TokenSeq, value: torch.Tensor | None, states: dict[int, int]
+        self,
+        tokens: TokenSeq,
+        value: torch.Tensor | None,
+        states: dict[int, int],
+        start: Node | None = None,
     ) -> tuple[InsertResult, dict[int, int]]:
         """Adopt KV slots for [present, len) and state slots valid at their positions (<= len).
         Returns the result and the states not taken (position -> slot; a checkpoint is already
-        there), which stay the caller's to free."""
+        there), which stay the caller's to free. `start`: where the walk may begin (a node
+        locked on the tokens' path, `RadixTree.walk`)."""
         if value is None or len(value) < len(tokens):
             raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
         bad = [p for p in states if not 0 < p <= len(tokens)]
         if bad:
             raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
         tree = self.cache.tree
-        walk = tree.walk(tokens)
+        walk = tree.walk(tokens, start)
         present = walk.length
-        new_ids = value[present : len(tokens)].tolist()
-        kv = [self.memory.adopt(self.kv_type, new_ids if present < len(tokens) else [])]
-        held = {n.end for n in walk.path if n.state is not None}
+        new_ids = value[present : len(tokens)].cpu().numpy()  # adopt copies them
+        kv = [self.memory.adopt(self.kv_type, new_ids)]
+        # The walk's last node may end past `present`, on another sequence: not a checkpoint here.
+        held = {n.end for n in walk.path if n.state is not None and n.end <= present}
         refused = {p: slot for p, slot in states.items() if p in held or self.state_type is None}
         adopt = {
             p: self.memory.adopt(self.state_type, [slot])
             for p, slot in states.items()
             if p not in refused and self.state_type is not None
         }
-        node = tree.insert(tokens, present, kv, adopt, self.cache.tick())
+        node = tree.insert(tokens, present, kv, adopt, self.cache.tick(), walk=walk)
         self.states_admitted += len(adopt)
         result = InsertResult(prefix_len=present, total_len=len(tokens), last_device_node=node)
         return result, refused
@@ -404,7 +411,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
         # The row's slots are read as they are (int32): only the new ones become ids, so a
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        result, refused = self._insert(tokens, row[:up_to], states)
+        result, refused = self._insert(tokens, row[:up_to], states, self._walk_start(req, up_to))
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
             self._free_states(lost)  # the tree had a checkpoint there already
@@ -416,6 +423,15 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if finished:
             self._finished(req, len(tokens), planned)
         self.sync_metrics()
+
+    def _walk_start(self, req: Any, size: int) -> Node | None:
+        """The node the request holds locked (its match or last checkpoint), where its next
+        insert's walk begins: one walk from the root per request (`RadixTree.walk`)."""
+        lock = getattr(req, "lock", None)
+        node = getattr(lock, "node", None)
+        if not isinstance(node, Node) or node.inner or node.end > size or node.lock_ref <= 0:
+            return None
+        return node
 
     def _handed_over(
         self, req: Any, up_to: int, finished: bool, planned: Planned
@@ -443,16 +459,16 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             self.tuner.after_request(self.cache, inp, out)
 
     def _repoint(self, req: Any, result: InsertResult) -> None:
-        """Free the request's duplicates of cached KV, point its row at the tree's slots."""
-        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        protected = req.kv.cache_protected_len
-        if result.prefix_len > protected:
-            self.token_to_kv_pool_allocator.free(row[protected : result.prefix_len].to(torch.int64))
+        """Free the request's duplicates of cached KV, point its row at the tree's slots.
+        Only [protected, prefix_len) changes: the row before is the tree's already, and the
+        tree adopted the row's own slots past prefix_len."""
+        protected, present = req.kv.cache_protected_len, result.prefix_len
         node = result.last_device_node
-        tail = self.path_device_indices(node, start=protected)  # the row before is the tree's
-        self.req_to_token_pool.write(
-            (req.kv.req_pool_idx, slice(protected, protected + len(tail))), tail
-        )
+        if present > protected:
+            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+            self.token_to_kv_pool_allocator.free(row[protected:present].to(torch.int64))
+            cached = self.path_device_indices(node, start=protected, stop=present)
+            self.req_to_token_pool.write((req.kv.req_pool_idx, slice(protected, present)), cached)
         req.kv.cache_protected_len = 0 if node is self.root_node else node.end
         self.unlock(req.lock)
         req.lock = self.lock(node)
@@ -467,21 +483,23 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             self.handover.release(req)
         self.sync_metrics()  # the request's lock is gone: its pages turned evictable
 
-    def path_device_indices(self, node: Any, start: int = 0) -> torch.Tensor:
-        """KV slot ids of the path's positions [start, node.end): nodes above `start` are
-        not visited (a request repointed after each chunk needs only what it added)."""
-        ids: list[int] = []
+    def path_device_indices(
+        self, node: Any, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
+        """KV slot ids of the path's positions [start, stop) (stop: node.end by default):
+        nodes above `start` are not visited (a request repointed after each chunk needs only
+        what it added)."""
+        parts: list[Ids] = []
         if node is not self.root_node:
             slot = self.cache.tree.kv_types.index(self.kv_type)
-            below: list[Any] = []
+            stop = node.end if stop is None else stop
             n = node
             while n is not self.root_node and n.end > start:
-                below.append(n)
+                if n.start < stop:
+                    parts.append(page_ids(n.kv[slot])[max(0, start - n.start) : stop - n.start])
                 n = n.parent
-            for n in reversed(below):
-                pages = n.kv[slot].ids()
-                ids.extend(pages[start - n.start :] if n.start < start else pages)
-        return _index_tensor(ids, self.device)
+        ids = np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int64)
+        return torch.from_numpy(ids).to(self.device)
 
     # ------------------------------------------------------------------ sizes and flags
 

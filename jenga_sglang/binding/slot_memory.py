@@ -4,7 +4,8 @@ In SGLang the engine allocates every KV slot and Mamba state slot before our tre
 running request writes its KV into slots from `TokenToKVPoolAllocator`, its state into a slot of
 the Mamba pool, and `insert` hands those slot ids to the tree. So this memory *adopts* ids
 instead of choosing them, and gives them back through a `SlotSink` (the backend turns the ids
-into a tensor and calls the SGLang allocator's `free`).
+into a tensor and calls the SGLang allocator's `free`). Ids travel as numpy arrays
+(binding/slot_ids.py): a node's pages are one array, never a Python int per token.
 
 Accounting per page type covers the slots the tree holds:
 
@@ -43,10 +44,14 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from jenga_sglang.radix.memory import CacheMemory
-from jenga_sglang.radix.pages import IdPages, OutOfMemory, Pages, PageType, Usage
+import numpy as np
+import numpy.typing as npt
 
-SlotSink = Callable[[PageType, list[int]], None]
+from jenga_sglang.binding.slot_ids import HeldIds, Ids, SlotPages, as_ids, page_ids
+from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType, Usage
+
+SlotSink = Callable[[PageType, Ids], None]
 Room = Callable[[PageType], int]  # slots of a type the engine can hand out right now
 
 
@@ -55,7 +60,7 @@ class SlotIdMemory(CacheMemory):
     evictable (only the tree does); `_give_back` hands freed ids to whatever allocator they
     came from.
 
-    It keeps the set of ids it holds and, per type, how many of them are evictable: a lock or
+    It keeps the ids it holds (`HeldIds`) and, per type, how many of them are evictable: a lock or
     an unlock moves a whole path between the two states, and counting it costs one addition
     where moving ids between two sets cost ~60 ns per token (the scheduler thread pays it on
     every request, 8 ms for a 128k-token path). Ids are touched only where they enter (`adopt`,
@@ -66,7 +71,7 @@ class SlotIdMemory(CacheMemory):
 
     def __init__(self, page_types: Iterable[PageType]) -> None:
         super().__init__()
-        self._held: dict[PageType, set[int]] = {t: set() for t in page_types}
+        self._held: dict[PageType, HeldIds] = {t: HeldIds() for t in page_types}
         self._evictable: dict[PageType, int] = dict.fromkeys(self._held, 0)
 
     def held(self, ptype: PageType) -> int:
@@ -79,7 +84,7 @@ class SlotIdMemory(CacheMemory):
         return len(self._held[ptype]) - self._evictable[ptype]
 
     def held_ids(self, ptype: PageType) -> frozenset[int]:
-        return frozenset(self._held[ptype])
+        return self._held[ptype].ids()
 
     def free(self, ptype: PageType, pages: Pages) -> None:
         self._release(ptype, pages, evictable=False)
@@ -102,31 +107,41 @@ class SlotIdMemory(CacheMemory):
             )
         self._evictable[ptype] = after
 
-    def _take(self, ptype: PageType, ids: list[int]) -> None:
+    def _take(self, ptype: PageType, ids: Ids) -> None:
         """Hold new ids (used), refusing any held already or given twice."""
-        held, fresh = self._held[ptype], set(ids)
-        if len(fresh) != len(ids) or not held.isdisjoint(fresh):
-            clash = sorted(held & fresh) or sorted(i for i in fresh if ids.count(i) > 1)
-            raise ValueError(f"{ptype}: slots {clash[:5]} adopted twice")
-        held |= fresh
+        try:
+            self._held[ptype].add(ids)
+        except ValueError as exc:
+            raise ValueError(f"{ptype}: {exc}") from None
 
     def _release(self, ptype: PageType, pages: Pages, *, evictable: bool) -> None:
-        ids = pages.ids()
-        if not ids:
+        ids = page_ids(pages)
+        if not len(ids):
             return
         held = self._held[ptype]
-        if not held.issuperset(ids):
-            missing = [i for i in ids if i not in held]
-            raise AssertionError(f"{ptype}: slots {missing[:5]} freed but not held")
+        if evictable and self._evictable[ptype] < len(ids):
+            raise AssertionError(f"{ptype}: {len(ids)} evictable slots freed, fewer are evictable")
+        if not evictable and len(held) - self._evictable[ptype] < len(ids):
+            raise AssertionError(f"{ptype}: {len(ids)} used slots freed, fewer are used")
+        try:
+            held.remove(ids)
+        except AssertionError as exc:
+            raise AssertionError(f"{ptype}: {exc}") from None
         if evictable:
             self._move(ptype, -len(ids))
-        elif len(held) - self._evictable[ptype] < len(ids):
-            raise AssertionError(f"{ptype}: {len(ids)} used slots freed, fewer are used")
-        held.difference_update(ids)
         self._give_back(ptype, ids)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Compiled (`make accelerate`), `CacheMemory` keeps its evictor in a native slot, out of
+        # `__dict__`: a pickled copy (the alpha tuner's) would lose it, and its replays fail.
+        return {**self.__dict__, "_evictor": self._evictor}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():  # setattr: a compiled base's slots included
+            setattr(self, name, value)
+
     @abstractmethod
-    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
+    def _give_back(self, ptype: PageType, ids: Ids) -> None:
         """Freed ids (already out of the held set) go back to their allocator."""
 
 
@@ -164,13 +179,15 @@ class SlotMemory(SlotIdMemory):
 
     # ------------------------------------------------------------------ engine side
 
-    def adopt(self, ptype: PageType, ids: Iterable[int]) -> Pages:
+    def adopt(self, ptype: PageType, ids: Iterable[int] | npt.NDArray[np.integer]) -> Pages:
         """Take over slots SGLang allocated (they become used pages of the caller)."""
-        got = list(ids)
+        got = as_ids(ids)
+        if not len(got):
+            return SlotPages(got)
         if self.held(ptype) + len(got) > self._capacity[ptype]:
             raise OutOfMemory(f"{ptype}: adopting {len(got)} slots exceeds {self._capacity[ptype]}")
         self._take(ptype, got)
-        return IdPages(got)
+        return SlotPages(got)
 
     def room(self, ptype: PageType) -> int:
         """Slots of `ptype` that can be allocated now: the engine's count when attached,
@@ -213,10 +230,10 @@ class SlotMemory(SlotIdMemory):
             raise OutOfMemory(f"{ptype}: {count} pages exceed the capacity {self._capacity[ptype]}")
         if not self._evict_until(ptype, lambda: self._model_room(ptype) >= count):
             raise OutOfMemory(f"{ptype}: evictor could not make room for {count} pages")
-        ids = list(range(self._next_synthetic, self._next_synthetic - count, -1))
+        ids = np.arange(self._next_synthetic, self._next_synthetic - count, -1, dtype=np.int64)
         self._next_synthetic -= count
         self._take(ptype, ids)
-        return IdPages(ids)
+        return SlotPages(ids)
 
     def usage(self, ptype: PageType) -> Usage:
         used, evictable = self.used_count(ptype), self.evictable_count(ptype)
@@ -231,14 +248,14 @@ class SlotMemory(SlotIdMemory):
 
     # ------------------------------------------------------------------ helpers
 
-    def _give_back(self, ptype: PageType, ids: list[int]) -> None:
-        real = [i for i in ids if i >= 0]  # synthetic ids (tuner replays) never reach SGLang
-        if real and self._sink is not None:
+    def _give_back(self, ptype: PageType, ids: Ids) -> None:
+        real = ids if int(ids.min()) >= 0 else ids[ids >= 0]  # synthetic ids (tuner
+        if len(real) and self._sink is not None:  # replays) never reach SGLang
             self._sink(ptype, real)
         self.freed_slots[ptype] += len(ids)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
         return state
