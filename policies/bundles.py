@@ -2,9 +2,10 @@
 
 vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
-marconi       speculative admission + FLOP-aware eviction + one-shot tuning (reference's schedule)
+marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
+              tuning on the reference's schedule
 marconi-postevict  marconi with our earlier schedule (window after the first eviction)
-marconi-ref   marconi with the reference's recency term (min-max of 1 / age)
+marconi-linear     marconi with our earlier eviction terms (linear recency, node's own bytes)
 jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
 """
 
@@ -18,7 +19,7 @@ from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmi
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
-from jenga_sglang.policies.reference_eviction import ReciprocalRecencyEviction
+from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory
@@ -83,17 +84,19 @@ BUNDLES: dict[str, Bundle] = {
         ),
         Bundle(
             "marconi",
-            "speculative admission + FLOP-aware eviction + one-shot tuning",
+            "speculative admission + Marconi's eviction as the reference computes it (1 / age "
+            "recency, efficiency per byte of the whole path) + one-shot tuning on the "
+            "reference's schedule",
             _speculative,
-            FlopAwareEviction,
+            MarconiEviction,
             MarconiTuner,
         ),
         Bundle(
-            "marconi-ref",
-            "marconi with the reference's recency term, min-max of 1 / age "
-            "(policies/reference_eviction.py)",
+            "marconi-linear",
+            "marconi with our earlier eviction terms: min-max of the last access (linear), "
+            "efficiency per byte the node holds (policies/eviction.py)",
             _speculative,
-            ReciprocalRecencyEviction,
+            FlopAwareEviction,
             MarconiTuner,
         ),
         Bundle(
@@ -101,7 +104,7 @@ BUNDLES: dict[str, Bundle] = {
             "marconi with our earlier tuning schedule: window of N requests after the first "
             "eviction, replayed from the cache at that eviction, scored whole",
             _speculative,
-            FlopAwareEviction,
+            MarconiEviction,
             lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
         ),
         Bundle(
@@ -131,7 +134,7 @@ def bundle(name: str) -> Bundle:
             name,
             f"marconi with alpha fixed to {alpha}",
             _speculative,
-            lambda: FlopAwareEviction(alpha),
+            lambda: MarconiEviction(alpha),
             lambda: None,
         )
     try:
