@@ -33,6 +33,9 @@ class Bundle:
     admission: Callable[[ModelSpec], AdmissionPolicy]
     eviction: Callable[[], EvictionPolicy]
     tuner: Callable[[], AlphaTuner | None]
+    #: False: an insert may evict the request's own cached prefix (the reference simulator's
+    #: order, radix/cache.py `_insert_unlocked`); True: the prefix stays locked (a real engine).
+    lock_prefix: bool = True
 
 
 def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
@@ -90,6 +93,7 @@ BUNDLES: dict[str, Bundle] = {
             _speculative,
             MarconiEviction,
             MarconiTuner,
+            lock_prefix=False,
         ),
         Bundle(
             "marconi-linear",
@@ -98,6 +102,7 @@ BUNDLES: dict[str, Bundle] = {
             _speculative,
             FlopAwareEviction,
             MarconiTuner,
+            lock_prefix=False,
         ),
         Bundle(
             "marconi-postevict",
@@ -106,6 +111,7 @@ BUNDLES: dict[str, Bundle] = {
             _speculative,
             MarconiEviction,
             lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
+            lock_prefix=False,
         ),
         Bundle(
             "jenga",
@@ -136,6 +142,7 @@ def bundle(name: str) -> Bundle:
             _speculative,
             lambda: MarconiEviction(alpha),
             lambda: None,
+            lock_prefix=False,
         )
     try:
         return BUNDLES[name]
@@ -159,4 +166,5 @@ def build_cache(
     name: str, spec: ModelSpec, memory: CacheMemory
 ) -> tuple[PrefixCache, AlphaTuner | None]:
     b = bundle(name)
-    return PrefixCache(spec, memory, b.eviction(), b.admission(spec)), b.tuner()
+    cache = PrefixCache(spec, memory, b.eviction(), b.admission(spec), b.lock_prefix)
+    return cache, b.tuner()

@@ -50,7 +50,7 @@ def mixed_trace() -> list[tuple[TokenSeq, TokenSeq]]:
 def _fixed_alpha_run(trace, alpha):  # type: ignore[no-untyped-def]
     spec = hybrid_spec()
     cache = PrefixCache(
-        spec, byte_budget(spec, BUDGET), MarconiEviction(alpha), SpeculativeAdmission()
+        spec, byte_budget(spec, BUDGET), MarconiEviction(alpha), SpeculativeAdmission(), False
     )
     saved, first_eviction = [], 0
     for i, (inp, out) in enumerate(trace):
@@ -72,7 +72,9 @@ def reference_pick(trace, multiplier, tail):  # type: ignore[no-untyped-def]
 
 def tuned(trace, **kwargs):  # type: ignore[no-untyped-def]
     spec = hybrid_spec()
-    cache = PrefixCache(spec, byte_budget(spec, BUDGET), MarconiEviction(), SpeculativeAdmission())
+    cache = PrefixCache(
+        spec, byte_budget(spec, BUDGET), MarconiEviction(), SpeculativeAdmission(), False
+    )
     tuner = MarconiTuner(grid=GRID, **kwargs)
     for i, (inp, out) in enumerate(trace):
         served = cache.serve(inp, out, owner=i)
@@ -161,3 +163,31 @@ def test_marconi_eviction_victim_is_the_reference_formula_argmin(alpha: float):
     cache.check_integrity()
     if alpha >= 1.0:
         assert differs > 0, "the reciprocal term never changed a victim: the test shows nothing"
+
+
+@pytest.mark.parametrize("lock_prefix", [True, False])
+def test_an_insert_may_evict_its_own_prefix_as_the_reference_does(lock_prefix: bool):
+    """The reference evicts before it inserts, with every node a candidate: a request whose
+    prefix lies inside the only cached sequence evicts that sequence and caches itself whole,
+    with one state (the branch point it would have split is gone). Locked (a real engine's
+    rule), the prefix cannot go and the request does not fit. 16 bytes a token, 80 a state."""
+    spec = hybrid_spec()
+    cache = PrefixCache(
+        spec, byte_budget(spec, 1000), MarconiEviction(1.0), SpeculativeAdmission(), lock_prefix
+    )
+    a_in, a_out = TokenSeq.of(list(range(1, 31))), TokenSeq.of(list(range(31, 41)))
+    assert cache.serve(a_in, a_out, owner=0).cached  # 40 tokens + 1 state = 720 bytes
+    b_in = TokenSeq.of(list(range(1, 21)) + list(range(500, 520)))
+    b_out = TokenSeq.of(list(range(600, 610)))
+    served = cache.serve(b_in, b_out, owner=1)
+    assert served.hit_tokens == 0  # no state inside A's edge
+    cache.check_integrity()
+    if lock_prefix:
+        assert not served.cached
+        assert cache.tree.walk(a_in.concat(a_out)).length == 40
+        return
+    assert served.cached
+    assert cache.tree.walk(b_in.concat(b_out)).length == 50
+    assert cache.tree.walk(a_in.concat(a_out)).length == 20  # only what B shares
+    states = [n for n in cache.tree.nodes() if n.state is not None]
+    assert [n.end for n in states] == [50]
