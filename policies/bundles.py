@@ -5,7 +5,8 @@ sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+
 marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
               tuning on the reference's schedule
 marconi-postevict  marconi with our earlier schedule (window after the first eviction)
-marconi-linear     marconi with our earlier eviction terms (linear recency, node's own bytes)
+marconi-linear     marconi before the reference comparison (linear recency, node's own
+                   bytes, prefix locked)
 jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
 """
 
@@ -97,12 +98,12 @@ BUNDLES: dict[str, Bundle] = {
         ),
         Bundle(
             "marconi-linear",
-            "marconi with our earlier eviction terms: min-max of the last access (linear), "
-            "efficiency per byte the node holds (policies/eviction.py)",
+            "marconi as it was before the comparison with the reference simulator: our "
+            "earlier eviction terms (min-max of the last access, efficiency per byte the node "
+            "holds; policies/eviction.py) and the request's prefix locked",
             _speculative,
             FlopAwareEviction,
             MarconiTuner,
-            lock_prefix=False,
         ),
         Bundle(
             "marconi-postevict",
