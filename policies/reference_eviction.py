@@ -33,8 +33,9 @@ from jenga_sglang.radix.node import Node
 
 
 class MarconiEviction(FlopAwareEviction):
-    """u(n) = norm(1 / (now - r_n)) + alpha * norm(f_n), now = newest candidate's r + 1,
-    f_n = FLOPs saved by the node's tokens / (one state + KV of tokens [0, end))."""
+    """u(n) = norm(1 / (now - r_n)) + alpha * norm(f_n): r_n the node's stamp and now the
+    eviction call's tick on the reference's clock (`stamp`, `now`), f_n = FLOPs saved by the
+    node's tokens / (one state + KV of tokens [0, end))."""
 
     def __init__(self, alpha: float = 0.0) -> None:
         super().__init__(alpha)
