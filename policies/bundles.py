@@ -2,9 +2,11 @@
 
 vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
-marconi       speculative admission + FLOP-aware eviction + one-shot tuning (reference's schedule)
+marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
+              tuning on the reference's schedule
 marconi-postevict  marconi with our earlier schedule (window after the first eviction)
-marconi-ref   marconi with the reference's recency term (min-max of 1 / age)
+marconi-linear     marconi before the reference comparison (linear recency, node's own
+                   bytes, prefix locked)
 jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
 """
 
@@ -18,7 +20,7 @@ from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmi
 from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
-from jenga_sglang.policies.reference_eviction import ReciprocalRecencyEviction
+from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory
@@ -32,6 +34,9 @@ class Bundle:
     admission: Callable[[ModelSpec], AdmissionPolicy]
     eviction: Callable[[], EvictionPolicy]
     tuner: Callable[[], AlphaTuner | None]
+    #: False: an insert may evict the request's own cached prefix (the reference simulator's
+    #: order, radix/cache.py `_insert_unlocked`); True: the prefix stays locked (a real engine).
+    lock_prefix: bool = True
 
 
 def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
@@ -83,17 +88,21 @@ BUNDLES: dict[str, Bundle] = {
         ),
         Bundle(
             "marconi",
-            "speculative admission + FLOP-aware eviction + one-shot tuning",
+            "speculative admission + Marconi's eviction as the reference computes it (1 / age "
+            "recency, efficiency per byte of the whole path) + one-shot tuning on the "
+            "reference's schedule",
             _speculative,
-            FlopAwareEviction,
+            MarconiEviction,
             MarconiTuner,
+            lock_prefix=False,
         ),
         Bundle(
-            "marconi-ref",
-            "marconi with the reference's recency term, min-max of 1 / age "
-            "(policies/reference_eviction.py)",
+            "marconi-linear",
+            "marconi as it was before the comparison with the reference simulator: our "
+            "earlier eviction terms (min-max of the last access, efficiency per byte the node "
+            "holds; policies/eviction.py) and the request's prefix locked",
             _speculative,
-            ReciprocalRecencyEviction,
+            FlopAwareEviction,
             MarconiTuner,
         ),
         Bundle(
@@ -101,8 +110,9 @@ BUNDLES: dict[str, Bundle] = {
             "marconi with our earlier tuning schedule: window of N requests after the first "
             "eviction, replayed from the cache at that eviction, scored whole",
             _speculative,
-            FlopAwareEviction,
+            MarconiEviction,
             lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
+            lock_prefix=False,
         ),
         Bundle(
             "jenga",
@@ -131,8 +141,9 @@ def bundle(name: str) -> Bundle:
             name,
             f"marconi with alpha fixed to {alpha}",
             _speculative,
-            lambda: FlopAwareEviction(alpha),
+            lambda: MarconiEviction(alpha),
             lambda: None,
+            lock_prefix=False,
         )
     try:
         return BUNDLES[name]
@@ -156,4 +167,5 @@ def build_cache(
     name: str, spec: ModelSpec, memory: CacheMemory
 ) -> tuple[PrefixCache, AlphaTuner | None]:
     b = bundle(name)
-    return PrefixCache(spec, memory, b.eviction(), b.admission(spec)), b.tuner()
+    cache = PrefixCache(spec, memory, b.eviction(), b.admission(spec), b.lock_prefix)
+    return cache, b.tuner()

@@ -40,8 +40,12 @@ class PrefixCache:
         memory: CacheMemory,
         eviction: EvictionPolicy,
         admission: AdmissionPolicy,
+        lock_prefix: bool = True,
     ) -> None:
         self.spec = spec
+        # False: a request's own cached prefix stays a candidate while its insert evicts, as in
+        # Marconi's reference simulator (the `marconi` bundles); see `_insert_unlocked`.
+        self.lock_prefix = lock_prefix
         self.memory = memory
         self.eviction = eviction
         self.admission = admission
@@ -116,7 +120,13 @@ class PrefixCache:
         positions = plan.positions if self.tree.state_type is not None else ()
         hit = result.length
         scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
-        cached = plan.cache_len > 0 and self._insert(seq, walk, plan, positions, now, owner)
+        if plan.cache_len == 0:
+            cached = False
+        elif self.lock_prefix:
+            cached = self._insert(seq, walk, plan, positions, now, owner)
+        else:
+            key = seq.slice(0, plan.cache_len)
+            cached = self._insert_unlocked(input_tokens, key, hit, positions, now, owner)
         self.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
         return ServeResult(*scored, cached=cached)
 
@@ -150,6 +160,67 @@ class PrefixCache:
         self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
         self.tree.unlock(anchor)
         return True
+
+    def _insert_unlocked(
+        self,
+        inp: TokenSeq,
+        key: TokenSeq,
+        hit: int,
+        positions: tuple[int, ...],
+        now: int,
+        owner: int,
+    ) -> bool:
+        """`_insert` without the lock: the reference simulator evicts before it inserts and
+        counts every node among the candidates, the request's own prefix included. An eviction
+        that takes part of the prefix leaves more of the key to store, and may remove the node
+        the planned branch checkpoint would have split (the reference then needs no branch
+        state): walk again, re-plan, and allocate what is now missing, until nothing is."""
+        kv: list[Pages] | None = None
+        states: list[Pages] = []
+        held = 0  # tokens [len(key) - held, len(key)) have pages in `kv`
+        walked = -1
+        try:
+            while True:
+                walk = self.tree.walk(key)
+                if walk.length != walked and walked >= 0:
+                    positions = self._replan(inp, walk, hit, len(key))
+                walked = walk.length
+                missing = len(key) - walk.length - held
+                if missing > 0:
+                    more = self.allocate_kv(missing, owner)
+                    kv = (
+                        more if kv is None else [m.concat(k) for m, k in zip(more, kv, strict=True)]
+                    )
+                    held += missing
+                    continue  # the KV allocation may have evicted part of the prefix
+                while len(states) > len(positions):
+                    self._free(None, [states.pop()])
+                if len(states) < len(positions):
+                    states += self.allocate_states(len(positions) - len(states), owner)
+                    continue  # so may the states'
+                break
+        except OutOfMemory:
+            self._free(kv, states)
+            return False
+        if kv is None:
+            kv = self.allocate_kv(0, owner)
+        mapping = dict(zip(positions, states, strict=True))
+        self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
+        return True
+
+    def _replan(self, inp: TokenSeq, walk: Walk, hit: int, total: int) -> tuple[int, ...]:
+        """Checkpoint positions for the tree as it now is (the prefill already ran from `hit`)."""
+        branch = self.admission.recall(inp, walk.prefix(len(inp)).branch())
+        plan = self.admission.plan(branch, len(inp), total, hit)
+        return plan.positions if self.tree.state_type is not None else ()
+
+    def _free(self, kv: list[Pages] | None, states: list[Pages] | None) -> None:
+        for ptype, pages in zip(self.tree.kv_types, kv or [], strict=False):
+            self.memory.free(ptype, pages)
+        state_type = self.tree.state_type
+        for state in states or []:
+            assert state_type is not None
+            self.memory.free(state_type, state)
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()
