@@ -126,3 +126,17 @@ def test_tiny_family_configs_build_specs_that_match_their_layer_mix() -> None:
         got = {g.name: g.num_layers for g in (*spec.attention_groups, *spec.mamba_groups)}
         assert got == layers, (family, got)
         assert json.loads(json.dumps(family_config(family, 512)))["architectures"]
+
+
+def test_pure_mamba2_gets_a_nominal_token_slot_group_and_keeps_its_state() -> None:
+    from jenga_sglang.binding.compat import TOKEN_SLOTS, with_token_slots
+
+    spec = spec_from_hf_config(family_config("mamba2", 512))
+    assert not spec.attention_groups
+    slotted = with_token_slots(spec)
+    (slots,) = slotted.attention_groups
+    assert slots.name == TOKEN_SLOTS and slots.window is None
+    assert slots.flops(1000) == 0.0 and 0 < slots.kv_bytes_per_token < 8
+    assert slotted.state_bytes == spec.state_bytes and slotted.state_bytes > 1000
+    hybrid = spec_from_hf_config(family_config("falcon_h1", 512))
+    assert with_token_slots(hybrid) is hybrid

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from jenga_sglang.models.spec import AttentionGroup, ModelSpec
+from jenga_sglang.models.spec import AttentionGroup, DType, ModelSpec
 
 
 class UnsupportedModelError(NotImplementedError):
@@ -169,6 +169,27 @@ def fold_windows(spec: ModelSpec) -> ModelSpec:
     )
     others = [g for g in spec.groups if not isinstance(g, AttentionGroup)]
     return replace(spec, groups=(merged, *others))
+
+
+#: The token-slot group of an attention-free model (below): 1 layer x 1 head x 1 value of one
+#: byte, K and V: 2 bytes per token.
+TOKEN_SLOTS = "token-slots"
+
+
+def with_token_slots(spec: ModelSpec) -> ModelSpec:
+    """An attention-free spec (pure Mamba2) with a nominal group for SGLang's token slots.
+
+    SGLang still gives every token a slot of its KV allocator (the request's row of
+    `req_to_token`), and a prefix hit hands those slots to the request; the tree keeps them in
+    an attention group's pages. No layer reads them, so the group has no FLOPs and a nominal
+    2 bytes per token (the slot memory needs a positive page size; a state is thousands of
+    times larger, so eviction values stay the states'). Its rule is the full-attention one:
+    the slots of a held prefix are all there.
+    """
+    if spec.attention_groups:
+        return spec
+    slots = AttentionGroup(TOKEN_SLOTS, 1, 1, 1, DType.FP8, 0.0, 0.0)
+    return replace(spec, groups=(slots, *spec.groups))
 
 
 def _mean(groups: tuple[AttentionGroup, ...], attr: str) -> float:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jenga_sglang.binding.compat import UnsupportedModelError, check_servable, fold_windows
+from jenga_sglang.binding.compat import (
+    UnsupportedModelError,
+    check_servable,
+    fold_windows,
+    with_token_slots,
+)
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
 from jenga_sglang.models.spec import ModelSpec
@@ -66,5 +71,6 @@ def build_tree_cache(ctx: Any) -> Any:
     check_servable(archs[0], is_hybrid_swa=bool(ctx.is_hybrid_swa))  # docs/models.md
     # Not hybrid-SWA in SGLang: one KV pool keeps every layer's KV for every token.
     spec = fold_windows(spec_from_model_config(ctx.model_config, ctx.tp_size))
+    spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
     return JengaRadixCache(ctx.params, spec, options, inpass=inpass)
