@@ -146,6 +146,8 @@ FAMILIES: dict[str, TinyFamily] = {
         },
     ),
     # Qwen3.5 text (dense): Gated DeltaNet linear attention, one full attention layer in four.
+    # SGLang's config derives the layer kinds from `full_attention_interval`, transformers'
+    # from `layer_types`: both given, and agreeing.
     "qwen3_5": TinyFamily(
         "Qwen3_5TextConfig",
         "Qwen3_5ForCausalLM",
@@ -156,10 +158,13 @@ FAMILIES: dict[str, TinyFamily] = {
             "intermediate_size": 128,
             "layer_types": [
                 "linear_attention",
+                "linear_attention",
+                "linear_attention",
                 "full_attention",
-                "linear_attention",
-                "linear_attention",
             ],
+            "full_attention_interval": 4,
+            # SGLang's Qwen3.5 attention builds its RoPE from these; an empty dict is refused.
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "linear_conv_kernel_dim": 4,
             "linear_key_head_dim": 16,
             "linear_value_head_dim": 16,
