@@ -93,7 +93,7 @@ def serve_family(model: Path, jenga: bool, log: Path, flags: Sequence[str]) -> d
     try:
         with LocalServer(str(model), extra, log=log, ready_timeout_s=420.0) as server:
             return {"served": True, "steps": replay(server.url)}
-    except ServerError as exc:
+    except (ServerError, OSError) as exc:  # OSError: the server died under a request
         return {"served": False, "error": _first_error(log) or str(exc)[:400]}
 
 
@@ -160,8 +160,8 @@ def run_models(
     families: Sequence[str], out: Path, data: Path, page: int = 1
 ) -> list[dict[str, Any]]:
     rows = []
-    flags = ["--page-size", str(page)] if page != 1 else []
     for family in families:
+        flags = [*FAMILIES[family].serve_flags, *(["--page-size", str(page)] if page != 1 else [])]
         model = data / f"tiny-{family}"
         ensure_model(family, model)
         stock = serve_family(model, False, out / f"{family}-stock.log", flags)

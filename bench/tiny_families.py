@@ -19,11 +19,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TinyFamily:
-    """One family: transformers' config and model class names and the config fields."""
+    """One family: transformers' config and model class names, the config fields, and the
+    server flags it needs on CPU beyond bench/server.py's (the same for stock and Jenga)."""
 
     config_class: str
     model_class: str
     fields: dict[str, Any]
+    serve_flags: tuple[str, ...] = ()
 
 
 #: Fields every family shares (token ids follow the shared tokenizer's special tokens).
@@ -132,6 +134,7 @@ FAMILIES: dict[str, TinyFamily] = {
             "model_type": "mamba2",
             "num_attention_heads": 4,
             "num_key_value_heads": 4,
+            "intermediate_size": 128,  # expand x hidden: SGLang's Mamba2 layer reads it
             "num_heads": 4,
             "head_dim": 32,
             "expand": 2,
@@ -171,6 +174,8 @@ FAMILIES: dict[str, TinyFamily] = {
             "linear_num_key_heads": 2,
             "linear_num_value_heads": 4,
         },
+        # SGLang's chunked Gated DeltaNet kernel asserts bfloat16 ("does not support float32").
+        serve_flags=("--dtype", "bfloat16"),
     ),
     # gpt-oss: alternating sliding-window (window 32) and full attention layers, MoE MLPs.
     "gpt_oss": TinyFamily(
