@@ -328,7 +328,8 @@ def test_kv_grows_into_the_reserve_requests_hold_and_new_requests_still_get_stat
 
 def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
     """AROUND `_init_pools` calls SGLang's own unless --enable-jenga --jenga-pool serves a
-    hybrid Mamba target worker with attention layers; AFTER `configure` changes only a result holding our allocator."""
+    hybrid Mamba target worker with attention layers; AFTER `configure` changes only a result
+    holding our allocator."""
     import msgspec
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
 
