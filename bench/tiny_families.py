@@ -135,6 +135,7 @@ FAMILIES: dict[str, TinyFamily] = {
             "num_attention_heads": 4,
             "num_key_value_heads": 4,
             "intermediate_size": 128,  # expand x hidden: SGLang's Mamba2 layer reads it
+            "rms_norm": True,  # gated RMS norm in the mixer (HF Mamba2's default; SGLang reads it)
             "num_heads": 4,
             "head_dim": 32,
             "expand": 2,
