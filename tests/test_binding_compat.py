@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -138,5 +139,9 @@ def test_pure_mamba2_gets_a_nominal_token_slot_group_and_keeps_its_state() -> No
     assert slots.name == TOKEN_SLOTS and slots.window is None
     assert slots.flops(1000) == 0.0 and 0 < slots.kv_bytes_per_token < 8
     assert slotted.state_bytes == spec.state_bytes and slotted.state_bytes > 1000
+    from jenga_sglang.policies.bundles import min_branch_tokens
+
+    assert min_branch_tokens(slotted) == 0  # no KV: a 2-byte nominal slot must not gate it
+    assert min_branch_tokens(replace(slotted, extra={})) > 1000
     hybrid = spec_from_hf_config(family_config("falcon_h1", 512))
     assert with_token_slots(hybrid) is hybrid

@@ -189,7 +189,9 @@ def with_token_slots(spec: ModelSpec) -> ModelSpec:
     if spec.attention_groups:
         return spec
     slots = AttentionGroup(TOKEN_SLOTS, 1, 1, 1, DType.FP8, 0.0, 0.0)
-    return replace(spec, groups=(slots, *spec.groups))
+    # The admission's shortest worthwhile branch compares KV with state bytes: no KV here.
+    extra = {**spec.extra, "attention_free": True}
+    return replace(spec, groups=(slots, *spec.groups), extra=extra)
 
 
 def _mean(groups: tuple[AttentionGroup, ...], attr: str) -> float:
