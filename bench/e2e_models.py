@@ -157,9 +157,18 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def run_models(
-    families: Sequence[str], out: Path, data: Path, page: int = 1
+    families: Sequence[str], out: Path, data: Path, page: int = 1, *, update: bool = False
 ) -> list[dict[str, Any]]:
-    rows = []
+    """Serve each family stock then with Jenga; summary.json is rewritten after each family.
+
+    `update`: keep the rows of families not run from an existing summary.json (rerunning one
+    family, e.g. after a server that failed for a reason outside the model)."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = out / "summary.json"
+    kept: list[dict[str, Any]] = []
+    if update and summary.exists():
+        kept = [r for r in json.loads(summary.read_text()) if r.get("family") not in families]
+    rows: list[dict[str, Any]] = []
     for family in families:
         flags = [*FAMILIES[family].serve_flags, *(["--page-size", str(page)] if page != 1 else [])]
         model = data / f"tiny-{family}"
@@ -172,7 +181,7 @@ def run_models(
             else {"served": False, "error": "not tried: stock SGLang did not serve it"}
         )
         rows.append(family_row(family, stock, jenga, page))
-        (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+        summary.write_text(json.dumps(kept + rows, indent=2) + "\n")
         print(f"e2e-models: {family}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     return rows
 
@@ -183,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="out/e2e-models", help="logs and summary.json")
     parser.add_argument("--data", default="data", help="tiny models live in DATA/tiny-FAMILY")
     parser.add_argument("--page-size", type=int, default=1, help="SGLang --page-size")
+    parser.add_argument(
+        "--update", action="store_true", help="keep other families' rows of summary.json"
+    )
     args = parser.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -191,8 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_models(families, out, Path(args.data), args.page_size)
-    print(table(rows))
+    run_models(families, out, Path(args.data), args.page_size, update=args.update)
+    print(table(json.loads((out / "summary.json").read_text())))
     return 0
 
 
