@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIRST_ID, VOCAB = 6, 512  # ids 0-5 are the shared tokenizer's special tokens
 PROMPT, BRANCH_AT, TAIL, NEW_TOKENS = 200, 150, 40, 8
 STEPS = ("turn1", "turn2", "branch_a", "branch_b")
+#: A traceback's last line, e.g. "triton.runtime.errors.InterpreterError: ..."
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b[^ ]*: ")
 
 
 def session_prompts(seed: int = 0) -> dict[str, list[int]]:
@@ -78,12 +81,12 @@ def replay(url: str, seed: int = 0) -> dict[str, dict[str, Any]]:
 
 
 def _first_error(log: Path) -> str:
-    """The line of the server log that says why it stopped (our start-up errors name the arch)."""
+    """The line of the server log that says why it stopped: the last exception line (our
+    start-up errors name the architecture), else the last line."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    for marker in ("UnsupportedModelError", "Error:", "Error "):
-        hits = [ln.strip() for ln in lines if marker in ln]
-        if hits:
-            return hits[-1][:400]
+    hits = [ln.strip() for ln in lines if _EXCEPTION_LINE.match(ln)]
+    if hits:
+        return hits[-1][:400]
     return lines[-1][:400] if lines else "(no log)"
 
 
@@ -138,7 +141,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     head = ("arch", "served", "identical", "turn2 j/s", "branch j/s", "page", "note")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
-        note = r.get("jenga_error") or r.get("stock_error") or ""
+        note = r.get("stock_error") or r.get("jenga_error") or ""  # stock failing comes first
         lines.append(
             " | ".join(
                 str(x)
