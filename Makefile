@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu accelerate unaccelerate
+.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu e2e-models accelerate unaccelerate
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -42,6 +42,11 @@ data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 # (docs/e2e-cpu.md). About 10 minutes on 2 cores.
 e2e-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.e2e_cpu --model data/tiny-model --out out/e2e
+
+# Every tiny model family (bench/tiny_families.py) served stock and with --enable-jenga on CPU;
+# out/e2e-models/summary.json and a table (docs/models.md). Builds missing models under data/.
+e2e-models: install
+	$(PY) -m jenga_sglang.bench.e2e_models --out out/e2e-models
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -18,6 +18,11 @@ What and why:
   copies to a GPU, and without CUDA torch raises (``Found no NVIDIA driver``). SGLang guards
   every pin with ``is_pin_memory_available`` except one, the decode track mask of the
   extra_buffer strategy (``ScheduleBatch.prepare_for_decode``).
+- SGLang's ``RotaryEmbedding`` takes a fallback kernel from ``vllm._custom_ops`` at construction
+  on any machine that is neither CUDA nor its CPU engine (``ModuleNotFoundError: No module named
+  'vllm'`` for every model with RoPE: Llama, Gemma 3, Falcon-H1, Qwen3.5...). Marking that
+  module as on CPU skips the fallback; its forward is then dispatched to ``forward_native``
+  (the pure-torch one) as before, since SGLang picks its CPU path only with AMX.
 
 The hooks that let SGLang take its ``extra_buffer`` snapshot path in this mode are in
 jenga_sglang/binding/cpu_snapshots.py.
@@ -101,6 +106,14 @@ def patch_pin_memory() -> None:
     torch.Tensor.pin_memory = unpinned  # type: ignore[method-assign,assignment]
 
 
+def native_rope() -> None:
+    """SGLang's RotaryEmbedding without the vllm fallback kernel (idempotent)."""
+    import importlib
+
+    rope = importlib.import_module("sglang.srt.layers.rotary_embedding.base")
+    vars(rope)["_is_cpu"] = True  # read only by the fallback-kernel choice in __init__
+
+
 def sglang_needs_cpu_patches() -> bool:
     """True in a process that serves with the Triton interpreter on a machine without CUDA."""
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -111,10 +124,11 @@ def sglang_needs_cpu_patches() -> bool:
 
 
 def install_for_sglang() -> None:
-    """All four patches, for an SGLang process (called from the plugin's ``register``)."""
+    """All five patches, for an SGLang process (called from the plugin's ``register``)."""
     patch_device_context()
     limit_autotuner()
     patch_pin_memory()
+    native_rope()
     bound = bind_sglang_conv_kernels()
     logger.info(
         "jenga: Triton CPU interpreter patches applied (pid %d; bound %s)",

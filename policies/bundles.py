@@ -40,8 +40,11 @@ class Bundle:
 
 
 def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
-    """Shortest branch worth a checkpoint: `fraction` of the tokens whose KV weighs one state."""
-    if not spec.has_mamba or not spec.kv_bytes_per_token:
+    """Shortest branch worth a checkpoint: `fraction` of the tokens whose KV weighs one state.
+
+    An attention-free model (pure Mamba2, `extra["attention_free"]`) holds no KV, so a branch
+    of any length weighs no more than its state: every branch point is worth one."""
+    if not spec.has_mamba or not spec.kv_bytes_per_token or spec.extra.get("attention_free"):
         return 0
     return round(fraction * spec.state_bytes / spec.kv_bytes_per_token)
 

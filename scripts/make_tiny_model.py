@@ -1,6 +1,10 @@
-"""Write a tiny NemotronH (hybrid Mamba2 + attention) with random weights to data/tiny-model/.
+"""Write a tiny random-weight model (default NemotronH) to data/tiny-model/.
 
     .venv/bin/python scripts/make_tiny_model.py [--out data/tiny-model] [--seed 0]
+        [--family nemotron_h|falcon_h1|granite_moe_hybrid|mamba2|qwen3_5|gpt_oss|gemma3|llama]
+
+`--family` picks one of bench/tiny_families.py's configs (docs/models.md); the text below
+describes the default, the others differ only in config.json and tensor names.
 
 Everything is made here, offline and reproducibly (same seed, same bytes):
 
@@ -12,7 +16,7 @@ Everything is made here, offline and reproducibly (same seed, same bytes):
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE trained in-process on the text
   below, with chat special tokens and a chat template, loadable by ``AutoTokenizer`` offline.
 
-NemotronH rather than Falcon-H1: SGLang's NemotronH has no muP multipliers or parallel
+NemotronH by default rather than Falcon-H1: SGLang's NemotronH has no muP multipliers or parallel
 attention+Mamba blocks, so it is the smaller surface for SGLang's CPU path.
 """
 
@@ -23,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from jenga_sglang.bench.tiny_families import DEFAULT_FAMILY, FAMILIES, family_config
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -52,44 +58,9 @@ The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor 
 """
 
 
-def model_config(vocab_size: int) -> dict[str, Any]:
-    """The tiny NemotronH config (legacy field names, accepted by SGLang and transformers)."""
-    return {
-        "architectures": ["NemotronHForCausalLM"],
-        "model_type": "nemotron_h",
-        "vocab_size": vocab_size,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "hybrid_override_pattern": "M*M-",
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "head_dim": 16,
-        "num_key_value_heads": 2,
-        "mlp_hidden_act": "relu2",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "use_bias": False,
-        "layer_norm_epsilon": 1e-5,
-        "residual_in_fp32": False,
-        "ssm_state_size": 16,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 32,
-        "mamba_n_groups": 1,
-        "n_groups": 1,  # SGLang's state shape reads n_groups, its config init mamba_n_groups
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "mamba_hidden_act": "silu",
-        "mamba_conv_bias": True,
-        "mamba_proj_bias": False,
-        "mamba_chunk_size": 64,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,
-        "pad_token_id": PAD_ID,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "torch_dtype": "float32",
-        "initializer_range": 0.02,
-    }
+def model_config(vocab_size: int, family: str = DEFAULT_FAMILY) -> dict[str, Any]:
+    """The tiny config of `family` (bench/tiny_families.py) for `vocab_size` embedding rows."""
+    return family_config(family, vocab_size)
 
 
 def build_tokenizer(out: Path) -> int:
@@ -124,13 +95,16 @@ def build_tokenizer(out: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def _shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor names and shapes, from transformers' NemotronH module on meta device."""
+def _shapes(config: dict[str, Any], family: str) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor names and shapes, from transformers' module of the family on meta."""
     import torch
-    from transformers import NemotronHConfig, NemotronHForCausalLM
+    import transformers
 
+    spec = FAMILIES[family]
+    config_class = getattr(transformers, spec.config_class)
+    model_class = getattr(transformers, spec.model_class)
     with torch.device("meta"):
-        model = NemotronHForCausalLM(NemotronHConfig(**config))
+        model = model_class(config_class(**config))
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
 
@@ -155,7 +129,9 @@ def _tensor(name: str, shape: tuple[int, ...], gen: Any) -> Any:
     return torch.randn(shape, generator=gen) * 0.1
 
 
-def build_weights(config: dict[str, Any], out: Path, seed: int) -> int:
+def build_weights(
+    config: dict[str, Any], out: Path, seed: int, family: str = DEFAULT_FAMILY
+) -> int:
     """Write model.safetensors with seeded values; returns the parameter count."""
     import torch
     from safetensors.torch import save_file
@@ -163,31 +139,40 @@ def build_weights(config: dict[str, Any], out: Path, seed: int) -> int:
     gen = torch.Generator().manual_seed(seed)
     tensors = {
         name: _tensor(name, shape, gen).to(torch.float32).contiguous()
-        for name, shape in sorted(_shapes(config).items())
+        for name, shape in sorted(_shapes(config, family).items())
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return sum(t.numel() for t in tensors.values())
 
 
-def make_tiny_model(out: Path, seed: int = 0) -> dict[str, Any]:
-    """Write config, weights and tokenizer to ``out``; returns a short summary."""
+def make_tiny_model(out: Path, seed: int = 0, family: str = DEFAULT_FAMILY) -> dict[str, Any]:
+    """Write config, weights and tokenizer of `family` to ``out``; returns a short summary."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out)
     padded = -(-vocab // 64) * 64  # embedding rows a multiple of 64, >= the tokenizer's ids
-    config = model_config(padded)
+    config = model_config(padded, family)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen_config = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}
     (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2) + "\n")
-    params = build_weights(config, out, seed)
-    return {"out": str(out), "vocab_size": padded, "tokenizer_vocab": vocab, "params": params}
+    params = build_weights(config, out, seed, family)
+    return {
+        "family": family,
+        "out": str(out),
+        "vocab_size": padded,
+        "tokenizer_vocab": vocab,
+        "params": params,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", default="data/tiny-model", help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight seed")
+    parser.add_argument(
+        "--family", choices=sorted(FAMILIES), default=DEFAULT_FAMILY, help="model family"
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(make_tiny_model(Path(args.out), args.seed)))
+    print(json.dumps(make_tiny_model(Path(args.out), args.seed, args.family)))
     return 0
 
 

@@ -328,7 +328,8 @@ def test_kv_grows_into_the_reserve_requests_hold_and_new_requests_still_get_stat
 
 def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
     """AROUND `_init_pools` calls SGLang's own unless --enable-jenga --jenga-pool serves a
-    hybrid Mamba target worker; AFTER `configure` changes only a result holding our allocator."""
+    hybrid Mamba target worker with attention layers; AFTER `configure` changes only a result
+    holding our allocator."""
     import msgspec
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
 
@@ -345,6 +346,8 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
         (JengaOptions(enabled=True, pool=False), object()),
         (JengaOptions(enabled=True), None),
         (JengaOptions(), object()),
+        # pure Mamba2: no attention layer, no KV to share a buffer with
+        (JengaOptions(enabled=True), SimpleNamespace(full_attention_layer_ids=[])),
     ):
         args = SimpleNamespace(**{JENGA_ATTR: options})
         configurator = SimpleNamespace(
@@ -358,7 +361,7 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
             token_to_kv_pool_allocator=None,
         )
         assert got == "sglang's pools"
-    assert len(calls) == 3
+    assert len(calls) == 4
 
     pools = _pools(sg)
     fields = dict(

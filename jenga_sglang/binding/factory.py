@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from jenga_sglang.binding.compat import (
+    UnsupportedModelError,
+    check_servable,
+    fold_windows,
+    with_token_slots,
+)
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
 from jenga_sglang.models.spec import ModelSpec
@@ -29,8 +35,13 @@ def captures_in_pass(model_config: Any) -> bool:
     return bool(archs) and all(a in MAMBA2_MIXER_ARCHS for a in archs)
 
 
-class UnsupportedModelError(NotImplementedError):
-    """`--enable-jenga` was asked for a model we cannot serve yet (named in the message)."""
+__all__ = [
+    "MAMBA2_MIXER_ARCHS",
+    "UnsupportedModelError",
+    "build_tree_cache",
+    "captures_in_pass",
+    "spec_from_model_config",
+]
 
 
 def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
@@ -56,11 +67,10 @@ def build_tree_cache(ctx: Any) -> Any:
     options = options_of(ctx.server_args)
     if not options.enabled:
         options = JengaOptions(enabled=True)  # selected by --radix-cache-backend jenga alone
-    spec = spec_from_model_config(ctx.model_config, ctx.tp_size)
-    if ctx.is_hybrid_swa or any(g.window is not None for g in spec.attention_groups):
-        raise UnsupportedModelError(
-            f"--enable-jenga: {spec.name} has sliding-window layers; SGLang drops their slots "
-            "outside the window while a request runs, which the jenga backend does not track yet"
-        )
+    archs = getattr(ctx.model_config.hf_config, "architectures", None) or ["(none)"]
+    check_servable(archs[0], is_hybrid_swa=bool(ctx.is_hybrid_swa))  # docs/models.md
+    # Not hybrid-SWA in SGLang: one KV pool keeps every layer's KV for every token.
+    spec = fold_windows(spec_from_model_config(ctx.model_config, ctx.tp_size))
+    spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
     return JengaRadixCache(ctx.params, spec, options, inpass=inpass)

@@ -5,9 +5,10 @@ method that builds the request pool, the KV pool and the KV allocator from the s
 resolved. The plugin registers (HookRegistry, docs/sglang.md "The Jenga pool behind SGLang's
 pools"):
 
-* AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model and the target
-  worker, build ours (binding/pool_build.py) over the static split's byte budget and return
-  SGLang's own `_InitializedPools` record; anything else goes to the original;
+* AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model with at least
+  one attention layer and the target worker, build ours (binding/pool_build.py) over the static
+  split's byte budget and return SGLang's own `_InitializedPools` record; anything else goes
+  to the original;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -39,6 +40,8 @@ def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
         options.enabled
         and options.pool
         and configurator.mambaish_config is not None
+        # No attention layer (pure Mamba2): no KV to share a buffer with; SGLang's pools.
+        and bool(getattr(configurator.mambaish_config, "full_attention_layer_ids", None))
         and not configurator.is_draft_worker
         and req_to_token_pool is None
     )

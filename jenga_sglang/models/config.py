@@ -245,18 +245,9 @@ def _nemotron_h(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     return groups + _mlp_groups(counts)
 
 
-def _qwen3_next(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
-    n = f.int("num_hidden_layers")
-    if f.has("layer_types"):
-        types = f.str_list("layer_types", {"full_attention", "linear_attention"})
-        if len(types) != n:
-            raise f.error("layer_types", f"has {len(types)} entries for {n} layers")
-        full = [t == "full_attention" for t in types]
-    else:
-        interval = f.int("full_attention_interval")
-        full = [(i + 1) % interval == 0 for i in range(n)]
+def _gated_deltanet(f: _Fields, ctx: _Ctx, layers: int) -> MambaGroup:
+    """The linear-attention (Gated DeltaNet) layers of Qwen3-Next and Qwen3.5, as a state group."""
     d = f.int("hidden_size")
-    attn = _attention(f, ctx, "attention", sum(full), f.int("head_dim"), output_gate=True)
     nk, nv = f.int("linear_num_key_heads"), f.int("linear_num_value_heads")
     dk, dv = f.int("linear_key_head_dim"), f.int("linear_value_head_dim")
     ssm = _Ssm(
@@ -272,7 +263,22 @@ def _qwen3_next(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     kd, vd = nk * dk, nv * dv
     gdn = 2 * d * (2 * kd + 2 * vd + 2 * nv) + 2 * (2 * kd + vd) * ssm.d_conv + 7 * nv * dk * dv
     gdn += 2 * vd * d
-    mamba = _mamba(f, ctx, ssm, n - sum(full), float(gdn))
+    return _mamba(f, ctx, ssm, layers, float(gdn))
+
+
+def _qwen3_next(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
+    n = f.int("num_hidden_layers")
+    if f.has("layer_types"):
+        types = f.str_list("layer_types", {"full_attention", "linear_attention"})
+        if len(types) != n:
+            raise f.error("layer_types", f"has {len(types)} entries for {n} layers")
+        full = [t == "full_attention" for t in types]
+    else:
+        interval = f.int("full_attention_interval")
+        full = [(i + 1) % interval == 0 for i in range(n)]
+    d = f.int("hidden_size")
+    attn = _attention(f, ctx, "attention", sum(full), f.int("head_dim"), output_gate=True)
+    mamba = _gated_deltanet(f, ctx, n - sum(full))
     return [attn, mamba, *_qwen3_next_mlps(f, n, d)]
 
 
@@ -392,6 +398,13 @@ _BUILDERS: dict[str, _Builder] = {
     "GraniteMoeHybridForCausalLM": _granite_moe_hybrid,
     "GptOssForCausalLM": _gpt_oss,
 }
+
+
+def register_builder(arch: str, builder: _Builder) -> None:
+    """Add the builder of one more architecture (models/families.py registers its own)."""
+    if arch in _BUILDERS:
+        raise ValueError(f"architecture {arch!r} already has a builder")
+    _BUILDERS[arch] = builder
 
 
 def supported_architectures() -> list[str]:
