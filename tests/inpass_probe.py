@@ -63,18 +63,16 @@ def _stored(values: Any, dtype: Any) -> list[Any]:
     return ways
 
 
-def _rounding_steps(a: Any, b: Any) -> float:
-    """Largest |a - b| over the elements, in units of the storage dtype's spacing at the larger
-    magnitude (one rounding step = 1.0): how far apart two stored states are, whatever their
-    scale."""
+def _beyond_one_step(a: Any, b: Any) -> float:
+    """Largest amount by which |a - b| exceeds one step of the storage dtype's spacing at the
+    larger magnitude of the two (0.0 when every element is equal or one rounding step apart)."""
     import torch
 
     x, y = a.float(), b.float()
-    spacing = torch.finfo(a.dtype).eps  # the spacing of [1, 2)
     _, exp = torch.frexp(torch.maximum(x.abs(), y.abs()))
-    unit = torch.ldexp(torch.full_like(x, spacing), exp - 1)  # spacing of [2^(e-1), 2^e)
-    steps = torch.where(x == y, torch.zeros_like(x), (x - y).abs() / unit)
-    return float(steps.max()) if steps.numel() else 0.0
+    step = torch.ldexp(torch.full_like(x, torch.finfo(a.dtype).eps), exp - 1)  # [2^(e-1), 2^e)
+    excess = ((x - y).abs() - step).clamp(min=0)
+    return float(excess.max()) if excess.numel() else 0.0
 
 
 class GatherCheck:
@@ -277,8 +275,8 @@ class Probe:
                     "conv_exact": all(
                         bool((a == b).all()) for a, b in zip(conv, ref_conv, strict=True)
                     ),
-                    "conv_steps": max(
-                        _rounding_steps(a, b) for a, b in zip(conv, ref_conv, strict=True)
+                    "conv_beyond_step": max(
+                        _beyond_one_step(a, b) for a, b in zip(conv, ref_conv, strict=True)
                     ),
                 }
             )

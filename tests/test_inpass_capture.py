@@ -5,10 +5,11 @@ once per Mamba strategy, and compares every captured state with the state after 
 [0, p) alone the same way (from scratch, chunked, or resumed from the cached state): SSM state
 within 1e-5 (fp32). Conv state: every capture is bit for bit the conv inputs its forward used
 (checked inside the forward). Against the prefix-alone conv state: at SGLang's default bf16 conv
-dtype (no_buffer) equal, or one bf16 rounding step apart where the prefix-alone prefill's own
-in_proj GEMM (over p tokens instead of the whole row) rounds an fp32 input differently and the
-bf16 store then rounds it to the neighbouring value (CPU BLAS kernels vary with the matrix shape
-and the instruction set, so which elements, if any, depends on the machine); extra_buffer on CPU
+dtype (no_buffer) equal, or apart by at most one bf16 rounding step plus 1e-5 where the
+prefix-alone prefill's own in_proj GEMM (over p tokens instead of the whole row) rounds an fp32
+input differently and the bf16 store then rounds it to the neighbouring value (CPU BLAS kernels
+vary with the matrix shape and the instruction set, so which elements, if any, depends on the
+machine; near-cancelling sums make the fp32 part); extra_buffer on CPU
 needs fp32 conv states (an fp32 model; bench/server.py), where the same GEMM difference shows as a
 few fp32 ulps (within 1e-5). Positions cover p below the conv width, before, at and
 after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
@@ -137,10 +138,10 @@ def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: st
             where = f"{strategy} {name} p={row['p']}"
             assert row["captured"], where
             assert row["temporal_err"] <= FP32_TOL, where
-            assert row["conv_err"] <= FP32_TOL, where
-            # bf16 conv states (no_buffer): within one rounding step of the prefix-alone state
-            # (its in_proj GEMM over p tokens may round fp32 differently; see the module doc).
-            assert row["conv_exact"] or row["conv_steps"] <= 1.0 or fp32_conv, where
+            if fp32_conv:
+                assert row["conv_err"] <= FP32_TOL, where
+            else:  # bf16: one rounding step, plus fp32 GEMM rounding (cancelling sums), at most
+                assert row["conv_beyond_step"] <= FP32_TOL, where
     assert found["resumed"]["hit"] == 100  # it started from the cached state
     assert found["natural"]["planned"] == [70, 120]  # branch point, prompt end
     assert found["logits"]["unchanged"]  # capturing does not perturb the forward
