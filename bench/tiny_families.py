@@ -42,6 +42,18 @@ COMMON: dict[str, Any] = {
 }
 
 _ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+# The Mamba2 mixer fields Falcon-H1 and GraniteMoeHybrid name alike: 4 heads of 32, state 16.
+_MAMBA2 = {
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+}
 
 FAMILIES: dict[str, TinyFamily] = {
     # Pattern M*M-: Mamba2, attention, Mamba2, MLP. Legacy field names, which both SGLang's and
@@ -84,15 +96,7 @@ FAMILIES: dict[str, TinyFamily] = {
             **_ATTN,
             "intermediate_size": 128,
             "mamba_d_ssm": 128,
-            "mamba_n_heads": 4,
-            "mamba_d_head": 32,
-            "mamba_n_groups": 1,
-            "mamba_d_state": 16,
-            "mamba_d_conv": 4,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 64,
-            "mamba_conv_bias": True,
-            "mamba_proj_bias": False,
+            **_MAMBA2,
             "mamba_rms_norm": False,
             "mamba_norm_before_gate": False,
         },
@@ -112,15 +116,7 @@ FAMILIES: dict[str, TinyFamily] = {
             "num_experts_per_tok": 0,
             "layer_types": ["mamba", "attention", "mamba", "mamba"],
             "position_embedding_type": "rope",
-            "mamba_n_heads": 4,
-            "mamba_d_head": 32,
-            "mamba_n_groups": 1,
-            "mamba_d_state": 16,
-            "mamba_d_conv": 4,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 64,
-            "mamba_conv_bias": True,
-            "mamba_proj_bias": False,
+            **_MAMBA2,
         },
     ),
     # Pure Mamba2: no attention layer at all. SGLang's CPU loader
