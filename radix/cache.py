@@ -174,7 +174,11 @@ class PrefixCache:
         counts every node among the candidates, the request's own prefix included. An eviction
         that takes part of the prefix leaves more of the key to store, and may remove the node
         the planned branch checkpoint would have split (the reference then needs no branch
-        state): walk again, re-plan, and allocate what is now missing, until nothing is."""
+        state): walk again, re-plan, and allocate what is now missing, until nothing is.
+
+        Terminates: inside the loop the tree only loses nodes, so the walk only shortens and
+        `held` only grows (to at most len(key)); once the walk stops shortening the plan is
+        fixed, and one more pass allocates exactly what it lacks."""
         kv: list[Pages] | None = None
         states: list[Pages] = []
         held = 0  # tokens [len(key) - held, len(key)) have pages in `kv`

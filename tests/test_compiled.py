@@ -49,13 +49,19 @@ def test_records_say_whether_compiled_modules_ran(tiny_trace: Path) -> None:
     assert record["compiled"] is compiled() is is_ext
 
 
-def test_a_stale_build_is_refused(tmp_path: Path) -> None:
+def _fake_package(tmp_path: Path) -> Path:
+    """A package whose compiled modules' sources differ from the build's (a stale build)."""
     package = tmp_path / "jenga_sglang"
     for module in MODULES:
         path = package.joinpath(*module.split(".")[1:]).with_suffix(".py")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# {module}\n")
     shutil.copy(ROOT / "jenga_sglang" / "compiled.py", package / "compiled.py")
+    return package
+
+
+def test_a_stale_build_is_refused(tmp_path: Path) -> None:
+    package = _fake_package(tmp_path)
     reg = load_registry(package)
     reg.check_fresh()  # no build: nothing to check
     fake = package / "radix" / f"tree{EXTENSION_SUFFIXES[0]}"
@@ -72,12 +78,7 @@ def test_a_stale_build_is_refused(tmp_path: Path) -> None:
 def test_a_stale_build_is_set_aside_at_import(tmp_path: Path) -> None:
     """Importing the package with a stale build warns and finds every compiled module at its
     source from then on (the build is used by default, so an edit must not break a run)."""
-    package = tmp_path / "jenga_sglang"
-    for module in MODULES:
-        path = package.joinpath(*module.split(".")[1:]).with_suffix(".py")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {module}\n")
-    shutil.copy(ROOT / "jenga_sglang" / "compiled.py", package / "compiled.py")
+    package = _fake_package(tmp_path)
     (package / "radix" / f"tree{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
     reg = load_registry(package)
     reg.STAMP.write_text("an older digest\n")

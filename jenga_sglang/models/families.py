@@ -54,14 +54,19 @@ def _dense(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     ]
 
 
+def _count_layer_type(f: _Fields, n: int, counted: str, other: str) -> int:
+    """How many of the n entries of `layer_types` (each `counted` or `other`) are `counted`."""
+    types = f.str_list("layer_types", {counted, other})
+    if len(types) != n:
+        raise f.error("layer_types", f"has {len(types)} entries for {n} layers")
+    return types.count(counted)
+
+
 def _gemma3(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     """Gemma3ForCausalLM: sliding-window layers with a full attention layer every few."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     if f.has("layer_types"):
-        types = f.str_list("layer_types", {"full_attention", "sliding_attention"})
-        if len(types) != n:
-            raise f.error("layer_types", f"has {len(types)} entries for {n} layers")
-        sliding = types.count("sliding_attention")
+        sliding = _count_layer_type(f, n, "sliding_attention", "full_attention")
     else:
         pattern = f.int("sliding_window_pattern")
         sliding = sum(1 for i in range(n) if (i + 1) % pattern)
@@ -79,10 +84,7 @@ def _qwen3_5(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     """Qwen3.5 text (dense): Gated DeltaNet layers and gated full attention layers."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     if f.has("layer_types"):
-        types = f.str_list("layer_types", {"full_attention", "linear_attention"})
-        if len(types) != n:
-            raise f.error("layer_types", f"has {len(types)} entries for {n} layers")
-        full = types.count("full_attention")
+        full = _count_layer_type(f, n, "full_attention", "linear_attention")
     else:
         interval = f.int("full_attention_interval")
         full = sum(1 for i in range(n) if (i + 1) % interval == 0)
