@@ -1,0 +1,65 @@
+"""Compare two directories of decision records (scripts/decision_records.sh), timings ignored.
+
+    python scripts/compare_records.py BEFORE_DIR AFTER_DIR
+
+Every JSON line of every `*.jsonl` file under BEFORE_DIR must have an identical twin (same
+file, same key fields) under AFTER_DIR once the fields that measure time, processes or the
+build are dropped. Prints one line per file and exits 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+#: fields that measure the run, not its decisions
+VOLATILE = ("wall_s", "cpu_s", "_s", "rss", "compiled", "seconds", "elapsed", "pid", "date")
+
+
+def _stable(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if not any(t in k for t in VOLATILE)}
+
+
+def _key(record: dict[str, Any]) -> str:
+    fields = ("trace", "workload", "model", "mode", "memory", "policy", "cache_gb", "via")
+    return json.dumps([record.get(f) for f in fields])
+
+
+def _load(path: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip().startswith("{"):
+            record = json.loads(line)
+            out[_key(record)] = _stable(record)
+    return out
+
+
+def main(before: Path, after: Path) -> int:
+    bad = 0
+    for old_path in sorted(before.rglob("*.jsonl")):
+        rel = old_path.relative_to(before)
+        new_path = after / rel
+        if not new_path.exists():
+            print(f"{rel}: missing after")
+            bad += 1
+            continue
+        old, new = _load(old_path), _load(new_path)
+        # fields added after BEFORE are allowed; every field BEFORE had must be unchanged
+        diffs = [
+            k
+            for k in old.keys() | new.keys()
+            if k not in old or k not in new or any(new[k].get(f) != v for f, v in old[k].items())
+        ]
+        for k in sorted(diffs)[:5]:
+            a, b = old.get(k, {}), new.get(k, {})
+            changed = {f: (v, b.get(f)) for f, v in a.items() if b.get(f) != v}
+            print(f"  {k}: {changed}")
+        print(f"{rel}: {len(old)} records, {len(diffs)} differ")
+        bad += len(diffs)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
