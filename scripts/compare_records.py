@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: fields that measure the run, not its decisions
-VOLATILE = ("wall_s", "cpu_s", "_s", "rss", "compiled", "seconds", "elapsed", "pid", "date")
+#: fields that measure the run (host time, the build), not its decisions; simulated times stay
+VOLATILE = frozenset({"wall_s", "cpu_s", "tuning_s", "tuning_cpu_s", "compiled", "peak_rss_mb"})
 
 
 def _stable(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if not any(t in k for t in VOLATILE)}
+    return {k: v for k, v in record.items() if k not in VOLATILE}
 
 
 def _key(record: dict[str, Any]) -> str:
