@@ -2,9 +2,10 @@
 
 Workload: `--requests` long requests (prompts uniform in [--min-tokens, --max-tokens], seeded)
 arrive together on the `--spec` model's real page types (geometry_for_spec); each decodes
-`--decode-tokens` tokens. The engine (bench/frag_timeline.py) admits FIFO while memory allows,
-prefills in interleaved `--chunk-tokens` chunks, decodes in lock step, preempts the newest
-request when an allocation fails and frees everything a request held when it finishes.
+`--decode-tokens` tokens. The engine (bench/engine.py, under the study's config and observed
+by bench/frag_timeline.py) admits FIFO while memory allows, prefills in interleaved
+`--chunk-tokens` chunks, decodes in lock step, preempts the newest request when an allocation
+fails and frees everything a request held when it finishes. One token per KV page.
 
 Pools of 60%, 100% and 150% of the workload's demand (every request's prompt and decode tokens
 plus one state page each), each with the request-aware allocator (Jenga §4.3) and the naive one.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 from jenga_sglang.bench.frag_timeline import Series, Timeline, TimelineStats, Workload
 from jenga_sglang.models.presets import get_spec
+from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
 from jenga_sglang.radix.pages import PageKind
@@ -100,23 +102,30 @@ class Run:
 
 
 def run_case(
-    label: str, allocator: tuple[str, bool], geo: PoolGeometry, work: Workload, capacity: int
+    label: str,
+    allocator: tuple[str, bool],
+    spec: ModelSpec,
+    geo: PoolGeometry,
+    work: Workload,
+    capacity: int,
 ) -> dict[str, object]:
     """One timeline on a fresh pool of `capacity` bytes, as a JSON-ready dict."""
     name, aware = allocator
     pool = JengaPool(geo, capacity, request_aware=aware)
-    stats = Timeline(pool, work).run()
+    stats = Timeline(spec, pool, work).run()
     return Run(label, name, stats, pool.capacity_bytes, pool.remainder_bytes()).to_json()
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     spec = get_spec(args.spec)
-    geo = geometry_for_spec(spec, tokens_per_page=args.tokens_per_page)
+    geo = geometry_for_spec(spec)
     rng = random.Random(args.seed)
     prompts = tuple(rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.requests))
     work = Workload(prompts, args.decode_tokens, args.chunk_tokens, args.decode_reserve)
     demand = demand_bytes(geo, work)
-    cases = [(c, a, geo, work, int(share * demand)) for c, share in CAPACITIES for a in ALLOCATORS]
+    cases = [
+        (c, a, spec, geo, work, int(share * demand)) for c, share in CAPACITIES for a in ALLOCATORS
+    ]
     if args.jobs > 1:  # runs are independent and CPU-bound: one process each
         with ProcessPoolExecutor(args.jobs) as pool:
             runs = list(pool.map(run_case, *zip(*cases, strict=True)))
@@ -194,7 +203,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=2_000)
     p.add_argument("--chunk-tokens", type=int, default=8_192)
     p.add_argument("--decode-reserve", type=float, default=0.5)
-    p.add_argument("--tokens-per-page", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
