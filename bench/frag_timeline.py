@@ -117,8 +117,17 @@ class TimelineStats:
     failures: dict[str, FailureStats] = field(default_factory=dict)
 
 
-def study_config(work: Workload) -> EngineConfig:
-    """The engine rules the study was measured with (the module docstring, steps 1-3)."""
+#: Engine rules the study runs under: its own (the module docstring, steps 1-3), or those of
+#: the engine replays (`EngineConfig`'s defaults), so that its figures compare with theirs.
+RULES = ("study", "replay")
+
+
+def study_config(work: Workload, rules: str = "study") -> EngineConfig:
+    """The engine's config for `work` under `rules` (one of RULES)."""
+    if rules == "replay":
+        return EngineConfig(chunk_tokens=work.chunk_tokens)
+    if rules != "study":
+        raise ValueError(f"unknown engine rules {rules!r}; known: {', '.join(RULES)}")
     return EngineConfig(
         chunk_tokens=work.chunk_tokens,
         max_running=len(work.prompts),
@@ -201,13 +210,16 @@ class Timeline:
     """Runs `workload` on `pool` (fresh; the study's cache becomes its evictor, with nothing
     ever to evict) through the engine to completion."""
 
-    def __init__(self, spec: ModelSpec, pool: JengaPool, workload: Workload) -> None:
+    def __init__(
+        self, spec: ModelSpec, pool: JengaPool, workload: Workload, rules: str = "study"
+    ) -> None:
         geo = pool.geometry
         if not any(t.kind is PageKind.KV for t in geo.page_types):
             raise ValueError("the timeline needs at least one attention (KV) page type")
         if geo.tokens_per_page != 1:
             raise ValueError(f"the engine holds one token per KV page, not {geo.tokens_per_page}")
         self.pool, self.work = pool, workload
+        self.config = study_config(workload, rules)
         self.cache = PrefixCache(spec, pool, LruEviction(), NoCaching())
         self.observer = FragmentationObserver(pool)
 
@@ -220,9 +232,8 @@ class Timeline:
         ]
 
     def run(self) -> TimelineStats:
-        config = study_config(self.work)
         engine = EngineSim(
-            self.requests(), self.cache, None, CostModel(), config, False, self.observer
+            self.requests(), self.cache, None, CostModel(), self.config, False, self.observer
         )
         st = engine.run()
         if st.rejected:

@@ -21,7 +21,11 @@ Per run, sampled every step and reported as time average and maximum, in % of th
 Also per run: steps, preemptions, average decode batch, failed allocations (`fails`), those that
 failed although the free bytes inside large pages would have covered them (`frag`).
 
-    python -m jenga_sglang.bench.fragmentation [--json]
+`--engine-rules replay` runs the same workload under the engine replays' rules (one shared
+prefill budget per step, a pushed-out request restarts, 256 decode tokens reserved, admission
+on the memory's `fits`; bench/engine_config.py), so the figures compare with theirs.
+
+    python -m jenga_sglang.bench.fragmentation [--engine-rules study|replay] [--json]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from jenga_sglang.bench.frag_timeline import Series, Timeline, TimelineStats, Workload
+from jenga_sglang.bench.frag_timeline import RULES, Series, Timeline, TimelineStats, Workload
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.pool.pool import JengaPool
@@ -108,11 +112,12 @@ def run_case(
     geo: PoolGeometry,
     work: Workload,
     capacity: int,
+    rules: str = "study",
 ) -> dict[str, object]:
     """One timeline on a fresh pool of `capacity` bytes, as a JSON-ready dict."""
     name, aware = allocator
     pool = JengaPool(geo, capacity, request_aware=aware)
-    stats = Timeline(spec, pool, work).run()
+    stats = Timeline(spec, pool, work, rules).run()
     return Run(label, name, stats, pool.capacity_bytes, pool.remainder_bytes()).to_json()
 
 
@@ -124,7 +129,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     work = Workload(prompts, args.decode_tokens, args.chunk_tokens, args.decode_reserve)
     demand = demand_bytes(geo, work)
     cases = [
-        (c, a, spec, geo, work, int(share * demand)) for c, share in CAPACITIES for a in ALLOCATORS
+        (c, a, spec, geo, work, int(share * demand), args.engine_rules)
+        for c, share in CAPACITIES
+        for a in ALLOCATORS
     ]
     if args.jobs > 1:  # runs are independent and CPU-bound: one process each
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "decode_tokens": args.decode_tokens,
         "chunk_tokens": args.chunk_tokens,
         "decode_reserve": args.decode_reserve,
+        "engine_rules": args.engine_rules,
         "demand_bytes": demand,
         "seed": args.seed,
         "results": runs,
@@ -187,7 +195,8 @@ def _table(report: dict[str, object]) -> str:
             f"spec {report['spec']}: L = {report['large_page_bytes']} bytes, pages per large "
             f"page {report['pages_per_large']}; {report['requests']} requests, "
             f"{report['prompt_tokens']} prompt tokens + {report['decode_tokens']} decode each, "
-            f"chunk {report['chunk_tokens']}; demand {demand / 2**30:.2f} GiB",
+            f"chunk {report['chunk_tokens']}; demand {demand / 2**30:.2f} GiB; "
+            f"{report['engine_rules']} rules",
             head,
             *(_row(r) for r in results),
         ]
@@ -204,6 +213,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunk-tokens", type=int, default=8_192)
     p.add_argument("--decode-reserve", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--engine-rules",
+        choices=RULES,
+        default="study",
+        help="the study's engine rules (default) or the engine replays' (comparable figures; "
+        "--decode-reserve is then unused: 256 tokens are reserved)",
+    )
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
