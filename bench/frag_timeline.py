@@ -23,9 +23,10 @@ pool. Metrics (bytes; the caller divides by the capacity):
 
 * unusable = padding inside held pages + the capacity remainder below one large page + empty
   small pages of a type that no live request will allocate again (KV types while any request is
-  running or waiting; STATE types while any request waits). Empty KV pages of a type in demand are
-  usable: both allocators hand any open large page's empty pages to any owner before failing
-  (request-aware step 4, naive first choice), so they are free capacity, merely out of order.
+  running or waiting; STATE types while any request waits, or runs without its state yet).
+  Empty KV pages of a type in demand are usable: both allocators hand any open large page's
+  empty pages to any owner before failing (request-aware step 4, naive first choice), so they
+  are free capacity, merely out of order.
 * reserved-but-empty = empty small pages inside carved large pages + token slots of the last
   partially filled KV page of each running request (Jenga's "unused small pages inside the large
   pages and the last page that is only partially filled"; none at one token per page) + padding
@@ -177,7 +178,9 @@ class FragmentationObserver(EngineObserver):
         if decode_batch:
             self.stats.decode_steps += 1
             self.stats.decode_tokens += decode_batch
-        self._sample(bool(engine.waiting))
+        # A state is still wanted by a waiting request or a running one that has none yet
+        # (under the study's rules every running request took its state when admitted).
+        self._sample(bool(engine.waiting) or any(not r.states for r in engine.running))
 
     def _empty(self, t: PageType) -> int:
         """Empty small pages of `t` inside carved large pages."""
@@ -188,9 +191,9 @@ class FragmentationObserver(EngineObserver):
         empties = sum(self._empty(t) * self.stride[t] for t in self.stride)
         return self.pool.free_large_pages * self.pool.geometry.large_page_bytes + empties
 
-    def _sample(self, waiting: bool) -> None:
+    def _sample(self, states_wanted: bool) -> None:
         pool, s = self.pool, self.stats
-        in_demand = set(self.kv) | (set(self.state) if waiting else set())
+        in_demand = set(self.kv) | (set(self.state) if states_wanted else set())
         stranded = sum(self._empty(t) * self.stride[t] for t in self.stride if t not in in_demand)
         s.allocator_unusable.add(pool.padding_bytes() + stranded)
         s.unusable.add(pool.padding_bytes() + pool.remainder_bytes() + stranded)
