@@ -3,7 +3,7 @@
 One engine loop serves both the engine-mode replays and the fragmentation study; the points
 where the two used to differ are fields of `EngineConfig`, so one figure can be reproduced under
 the other's rules. The defaults are the engine replay's (SGLang's scheduler, roughly);
-`FRAGMENTATION` in bench/frag_timeline.py is the study's.
+`study_config` in bench/frag_timeline.py gives the study's.
 """
 
 from __future__ import annotations
