@@ -1,111 +1,54 @@
-"""Engine replay: continuous batching over a byte budget, timed by the cost model.
+"""The stepped engine: continuous batching over a memory, timed by the cost model.
 
-Requests arrive at their trace `ts`. Each engine step:
+One loop for every stepped figure: the engine-mode replays (`jenga-bench replay --mode engine`,
+`long-batch`) with the default `EngineConfig`, and the fragmentation study
+(bench/frag_timeline.py), which runs it under its own config and watches it through an
+`EngineObserver`. Requests arrive at their trace `ts`. Each engine step:
 
-1. admits waiting requests first come, first served (head-of-line blocking, as SGLang does): the
-   head is matched against the tree and admitted only if every running request's *reserve*
-   plus its own fits in the memory that is free or evictable (`CacheMemory.fits`: bytes for
-   memories whose bytes serve any page type, each type's own share for SGLang's static
-   KV/Mamba split). A request's reserve is its remaining prefill tokens plus
-   min(output, `decode_reserve_tokens`) minus what it decoded (one KV page per token in every
-   attention group), plus one SSM state. The matched prefix is locked while it runs;
-2. decodes one token for every request whose prefill is done: it feeds back the token at
-   position p = input + decoded - 1 (FLOPs F(p + 1) - F(p), reads the KV of p + 1 tokens and
-   the SSM state) and allocates the KV page of the token it produces. Then it spends up to
-   `chunk_tokens` on prefill chunks in admission order (chunked prefill; the step that
-   completes a prefill also produces the first token);
-3. advances the clock by `CostModel.step_seconds` of the step's FLOPs and bytes read;
-4. finishes requests that produced all their output: their input + output is inserted into
-   the tree (admission plan and checkpoints as in sequential replay), the lock released, and
-   the tuner told.
+1. *schedules*: admits waiting requests first come, first served (head-of-line blocking, as
+   SGLang does). The head is matched against the tree and admitted only if every running
+   request's reserve plus its own passes the admission rule; a request's reserve is the rest
+   of its prefill plus its decode reserve (bench/engine_batch.py `reserve_tokens`), one KV
+   page per token in every attention group, plus one SSM state until it holds one. The matched
+   prefix is locked while it runs;
+2. *runs* the batch (`step_order`): decodes one token per decoding request (it feeds back the
+   token at position p = input + decoded - 1: FLOPs F(p + 1) - F(p), reading the KV of p + 1
+   tokens and the SSM state, and allocates the KV page of the token it produces) and prefills
+   chunks of the prompts (`chunk_budget`), then advances the clock by `CostModel.step_seconds`;
+3. *post-processes*: a request that produced all its output is finished: its input + output
+   goes to the tree (admission plan and checkpoints as in sequential replay), the lock is
+   released and the tuner told. The memory is sampled and the observer called.
 
 When an allocation fails even after evicting everything evictable, the most recently admitted
-request is retracted: its pages are freed, its lock released, and it goes back to the head of
-the queue to start over (its first TTFT stands); from then on it reserves its whole output,
-so it is not re-admitted only to be pushed out again. A request that cannot fit alone is
-rejected.
+request is pushed out: its pages are freed, its lock released, and it goes back to the head of
+the queue, to start over or to re-prefill what it had (`preemption`; its first TTFT stands). A
+request that cannot fit alone, or that is pushed out with nothing else running, is rejected.
 
-TTFT = end of the step that produced the first token - arrival. Memory is sampled after each step as
-used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free, and as
-bytes held (used + evictable) by KV pages and by SSM state pages; each step's duration is kept.
+TTFT = end of the step that produced the first token - arrival. Memory is sampled after each
+step as used (running requests and locked nodes) / evictable (cached, unlocked) / wasted / free,
+and as bytes held (used + evictable) by KV pages and by SSM state pages; each step's duration
+is kept.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-from mypy_extensions import mypyc_attr
 
 from jenga_sglang.bench.cost_model import CostModel, decode_bytes, weight_bytes
-from jenga_sglang.bench.replay import PackedRequest, ReplayStats
-from jenga_sglang.policies.base import CheckpointPlan
+from jenga_sglang.bench.engine_batch import Running, admits, demand, record_step, reserve_tokens
+from jenga_sglang.bench.engine_cache import EngineCache, EngineObserver
+from jenga_sglang.bench.engine_config import EngineConfig, EngineStats
+from jenga_sglang.bench.replay import PackedRequest
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import OutOfMemory, PageKind, Pages, PageType
+from jenga_sglang.radix.pages import PageType
+
+__all__ = ["EngineConfig", "EngineObserver", "EngineSim", "EngineStats", "replay_engine"]
 
 
-# Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
-# stays a Python class in the optional build (scripts/build_compiled.py).
-@mypyc_attr(native_class=False)
-@dataclass(frozen=True)
-class EngineConfig:
-    chunk_tokens: int = 8192  # prefill tokens per step (SGLang's chunked_prefill_size default)
-    max_running: int = 256  # requests in one batch at most
-    decode_reserve_tokens: int = 256  # decode tokens reserved per request at admission
-
-    def __post_init__(self) -> None:
-        for name in ("chunk_tokens", "max_running"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine {name} must be >= 1, got {getattr(self, name)}")
-        if self.decode_reserve_tokens < 0:
-            raise ValueError(f"decode_reserve_tokens must be >= 0: {self.decode_reserve_tokens}")
-
-
-@dataclass
-class EngineStats(ReplayStats):
-    """ReplayStats plus latency, batching and memory over (simulated) time."""
-
-    ttfts: list[float] = field(default_factory=list)
-    makespan_s: float = 0.0
-    steps: int = 0
-    retractions: int = 0
-    rejected: int = 0
-    #: One row per step: (time, decode batch, prefill tokens, used, evictable, wasted, free bytes).
-    timeline: list[tuple[float, int, int, int, int, int, int]] = field(default_factory=list)
-    #: One row per step: bytes held (used + evictable) by KV pages and by SSM state pages.
-    held_by_kind: list[tuple[int, int]] = field(default_factory=list)
-    #: One entry per step: its duration from the cost model.
-    step_seconds: list[float] = field(default_factory=list)
-
-
-class _Running:
-    """A request in the batch and the pages it holds (tokens [hit, computed) of its sequence)."""
-
-    def __init__(
-        self, index: int, req: PackedRequest, hit: int, anchor: Node | None, plan: CheckpointPlan
-    ) -> None:
-        self.index, self.req, self.hit, self.anchor, self.plan = index, req, hit, anchor, plan
-        self.done = hit  # input tokens whose KV exists (cached or prefilled)
-        self.decoded = 0  # output tokens produced
-        # Per attention group, the runs of pages allocated step by step; joined once at insert
-        # (concatenating at every decode step would copy the whole run each time).
-        self.kv: list[list[Pages]] = []
-        self.states: list[Pages] = []
-
-    @property
-    def prefilling(self) -> bool:
-        return self.done < len(self.req.inp)
-
-    @property
-    def finished(self) -> bool:
-        return not self.prefilling and self.decoded >= len(self.req.out)
-
-
-class EngineSim:
+class EngineSim(EngineCache):
     """One engine replay of `requests` through `cache` (see the module docstring)."""
 
     def __init__(
@@ -116,25 +59,22 @@ class EngineSim:
         cost: CostModel | None = None,
         config: EngineConfig | None = None,
         check: bool = False,
+        observer: EngineObserver | None = None,
     ) -> None:
-        self.requests, self.cache, self.tuner, self.check = requests, cache, tuner, check
+        super().__init__(requests, cache, config or EngineConfig(), observer)
+        self.tuner, self.check = tuner, check
         self.cost = cost or CostModel()
-        self.config = config or EngineConfig()
-        self.spec, self.memory = cache.spec, cache.memory
-        self.state_bytes = self.spec.state_bytes
-        self.kv_types = cache.tree.kv_types
-        self.state_type = cache.tree.state_type
         self.weights = weight_bytes(self.spec, self.cost.weight_dtype_bytes)
-        self.waiting: deque[int] = deque()
-        self.running: list[_Running] = []
         self.first_token: dict[int, float] = {}
-        self.retracted: set[int] = set()
-        self.stats = EngineStats()
         self.now = 0.0
-
-    # ------------------------------------------------------------------ main loop
+        # The current step's work: decode FLOPs, prefill FLOPs (summed apart, as the float sums
+        # of the figures were), bytes read; and the requests that finished in its course.
+        self.flops, self.chunk_flops, self.read = 0.0, 0.0, 0.0
+        self.left: list[Running] = []
 
     def run(self) -> EngineStats:
+        """Step until every request arrived and left. Terminates once each request has
+        finished or been rejected: one that can never fit is rejected rather than retried."""
         start, cpu_start = time.perf_counter(), time.process_time()
         arrivals, n = 0, len(self.requests)
         while arrivals < n or self.waiting or self.running:
@@ -144,7 +84,7 @@ class EngineSim:
             if not self.waiting and not self.running:
                 self.now = self.requests[arrivals].ts
                 continue
-            self._admit()
+            self._schedule()
             if self.running:
                 self._step()
         st = self.stats
@@ -153,224 +93,148 @@ class EngineSim:
         st.finish_timing(start, cpu_start, self.tuner)
         return st
 
-    # ------------------------------------------------------------------ admission
+    # ------------------------------------------------------------------ schedule
 
-    def _demand(self, kv_tokens: int, states: int) -> Counter[PageType]:
-        """Pages for `kv_tokens` tokens in every attention group plus `states` SSM states."""
-        demand: Counter[PageType] = Counter(dict.fromkeys(self.kv_types, kv_tokens))
-        if self.state_type is not None:
-            demand[self.state_type] = states
-        return demand
-
-    def _reserve(self, run: _Running) -> Counter[PageType]:
-        req = run.req
-        tokens = len(req.inp) - run.done
-        # A retracted request reserves its whole output: otherwise it is re-admitted at once
-        # and retracted again while the requests that pushed it out keep growing.
-        cap = len(req.out) if run.index in self.retracted else self.config.decode_reserve_tokens
-        tokens += max(0, min(len(req.out), cap) - run.decoded)
-        return self._demand(tokens, 0 if run.states else 1)
+    def _reserve(self, run: Running) -> Counter[PageType]:
+        tokens = reserve_tokens(run, self.config, run.index in self.retracted)
+        return demand(self.kv_types, self.state_type, tokens, 0 if run.states else 1)
 
     def _fits_alone(self, req: PackedRequest) -> bool:
-        demand = self._demand(len(req.inp) + len(req.out), 1)
-        return self.memory.fits(demand, empty=True)
+        pages = demand(self.kv_types, self.state_type, len(req.inp) + len(req.out), 1)
+        return self.memory.fits(pages, empty=True)
 
-    def _admit(self) -> None:
+    def _schedule(self) -> None:
+        """Admit from the head of the queue while the rule allows (each pass admits or
+        rejects the head, or returns)."""
         while self.waiting and len(self.running) < self.config.max_running:
-            index = self.waiting[0]
-            req = self.requests[index]
+            req = self.requests[self.waiting[0]]
             if not self._fits_alone(req):
-                self.waiting.popleft()
-                self.stats.rejected += 1
+                self._reject()
                 continue
-            result = self.cache.tree.match(req.inp)
-            run = _Running(index, req, result.length, result.node, CheckpointPlan())
+            run, result = self._lookup(self.waiting[0])
             committed = self._reserve(run)
             for other in self.running:
                 committed.update(self._reserve(other))
-            if not self.memory.fits(committed):
+            ready = admits(self.memory, committed, self.config.admission_rule)
+            if ready and self.config.state_at_admission:
+                ready = self._grow_states(run)
+            if not ready:
                 if not self.running:  # nothing will free memory: it can never run
-                    self.waiting.popleft()
-                    self.stats.rejected += 1
+                    self._reject()
                     continue
                 return
             self.waiting.popleft()
-            self.cache.tree.touch(result, self.cache.tick())
-            total = len(req.inp) + len(req.out)
-            run.plan = self.cache.plan(req.inp, result, total)
-            self.cache.tree.lock(run.anchor)
+            self._admit(run, result)
             self.running.append(run)
+            self.observer.admitted(self, run)
 
-    # ------------------------------------------------------------------ one step
+    def _reject(self) -> None:
+        self.waiting.popleft()
+        self.stats.rejected += 1
+
+    # ------------------------------------------------------------------ run one step
 
     def _step(self) -> None:
-        flops, read = 0.0, self.weights
-        first: list[_Running] = []
-        decoding = [r for r in self.running if not r.prefilling and not r.finished]
-        for run in decoding:
-            if run in self.running and self._grow(run, 1):
-                pos = len(run.req.inp) + run.decoded - 1  # the token fed back in
-                flops += self.spec.prefill_flops(pos, pos + 1)
-                read += decode_bytes(self.spec, pos + 1)
-                run.decoded += 1
-                if run.decoded == 1:  # a full-input hit: the first token comes from decode
-                    first.append(run)
-        prefill_tokens, prefilled = self._prefill_chunks()
-        flops += sum(f for f, _ in prefill_tokens)
-        seconds = self.cost.step_seconds(flops, read)
+        self.flops, self.chunk_flops, self.read = 0.0, 0.0, self.weights
+        self.left = []
+        if self.config.step_order == "phased":
+            first, batch, prefill = self._run_phased()
+        else:
+            first, batch, prefill = self._run_in_order()
+        seconds = self.cost.step_seconds(self.flops + self.chunk_flops, self.read)
         self.now += seconds
         self.stats.step_seconds.append(seconds)
-        for run in first + prefilled:
-            if run in self.running:
+        for run in first:
+            if run in self.running or run in self.left:
                 self.first_token.setdefault(run.index, self.now)
         for run in [r for r in self.running if r.finished]:
             self.first_token.setdefault(run.index, self.now)  # requests without output
             self._finish(run)
-        self._record(len(decoding), sum(n for _, n in prefill_tokens))
+        record_step(self.stats, self.memory, self.now, batch, prefill)
+        self.observer.stepped(self, batch, prefill)
         if self.check:
             self.cache.check_integrity()
 
-    def _prefill_chunks(self) -> tuple[list[tuple[float, int]], list[_Running]]:
-        budget = self.config.chunk_tokens
-        chunks: list[tuple[float, int]] = []
-        first: list[_Running] = []
+    def _run_phased(self) -> tuple[list[Running], int, int]:
+        """Decode every decoding request, then prefill chunks in admission order; the step
+        that completes a prefill also produces a token. (first tokens, batch, prefill)"""
+        first: list[Running] = []
+        decoding = [r for r in self.running if not r.prefilling and not r.finished]
+        for run in decoding:
+            if run in self.running and self._decode(run) and run.decoded == 1:
+                first.append(run)  # a full-input hit: the first token comes from decode
+        budget, prefill = self.config.chunk_tokens, 0
         for run in [r for r in self.running if r.prefilling]:
             if budget == 0:
                 break
-            if run not in self.running:  # retracted by an earlier allocation this step
+            if run not in self.running:  # pushed out by an earlier allocation this step
                 continue
-            n = min(budget, len(run.req.inp) - run.done)
-            if not self._grow(run, n):
-                continue
-            chunks.append((self.spec.prefill_flops(run.done, run.done + n), n))
-            run.done += n
-            budget -= n
-            if not run.prefilling:
+            n = self._prefill(run, budget)
+            prefill += n
+            if self.config.chunk_budget == "shared":
+                budget -= n
+            if n and not run.prefilling:
                 first.append(run)
-                if run.req.out and self._grow(run, 1):
-                    run.decoded = 1
-        return chunks, first
+                if run.decoded < len(run.req.out) and self._grow(run, 1):
+                    run.decoded += 1
+        return first, len(decoding), prefill
 
-    def _grow(self, run: _Running, count: int) -> bool:
-        """Allocate KV for `count` more tokens of `run`, retracting others when short.
-
-        False when `run` itself was retracted (or rejected) instead.
-        """
-        while True:
-            try:
-                if self.state_bytes and not run.states:  # the running SSM state, held first
-                    run.states = self.cache.allocate_states(1, owner=run.index)
-                pages = self.cache.allocate_kv(count, owner=run.index)
-            except OutOfMemory:
-                victim = self.running[-1]
-                alone = len(self.running) == 1
-                self._retract(victim)
-                if victim is run:
-                    if alone:  # retracted with nothing else running: it can never fit
-                        self.waiting.remove(run.index)
-                        self.stats.rejected += 1
-                    return False
+    def _run_in_order(self) -> tuple[list[Running], int, int]:
+        """Each running request in admission order prefills a chunk or decodes a token; a
+        request leaves the moment it finishes. (first tokens, batch, prefill)"""
+        first: list[Running] = []
+        budget, batch, prefill = self.config.chunk_tokens, 0, 0
+        for run in list(self.running):
+            if run not in self.running:  # pushed out by an earlier allocation this step
                 continue
-            if not run.kv:
-                run.kv = [[] for _ in pages]
-            for chunks, new in zip(run.kv, pages, strict=True):
-                chunks.append(new)
-            return True
+            if run.prefilling:
+                n = self._prefill(run, budget)
+                prefill += n
+                if self.config.chunk_budget == "shared":
+                    budget -= n
+            elif not run.finished and self._decode(run):
+                batch += 1
+                if run.decoded == 1:
+                    first.append(run)
+                if run.finished:
+                    self._finish(run)
+                    self.left.append(run)
+        return first, batch, prefill
 
-    def _release_pages(self, run: _Running) -> None:
-        tree = self.cache.tree
-        for ptype, chunks in zip(tree.kv_types, run.kv, strict=False):
-            for pages in chunks:
-                if len(pages):
-                    self.memory.free(ptype, pages)
-        if tree.state_type is not None:
-            for state in run.states:
-                self.memory.free(tree.state_type, state)
-        run.kv, run.states = [], []
+    def _decode(self, run: Running) -> bool:
+        """One token for `run`; False when it was pushed out instead."""
+        if not self._grow(run, 1):
+            return False
+        pos = len(run.req.inp) + run.decoded - 1  # the token fed back in
+        self.flops += self.spec.prefill_flops(pos, pos + 1)
+        self.read += decode_bytes(self.spec, pos + 1)
+        run.decoded += 1
+        return True
 
-    def _retract(self, run: _Running) -> None:
-        self._release_pages(run)
-        self.cache.tree.unlock(run.anchor)
+    def _prefill(self, run: Running, budget: int) -> int:
+        """A chunk of at most `budget` tokens of `run`'s prefill; the tokens prefilled."""
+        n = min(budget, run.target - run.done)
+        if n == 0 or not self._grow(run, n):
+            return 0
+        self.chunk_flops += self.spec.prefill_flops(run.done, run.done + n)
+        run.done += n
+        return n
+
+    # ------------------------------------------------------------------ post-process
+
+    def _finish(self, run: Running) -> None:
         self.running.remove(run)
-        self.waiting.appendleft(run.index)
-        self.retracted.add(run.index)
-        self.stats.retractions += 1
-
-    # ------------------------------------------------------------------ completion
-
-    def _finish(self, run: _Running) -> None:
-        self.running.remove(run)
-        req, plan, tree = run.req, run.plan, self.cache.tree
-        cached = False
-        if plan.cache_len > run.hit:
-            cached = self._insert(run, plan)
-        else:
-            self._release_pages(run)
-        tree.unlock(run.anchor)
-        seq = req.inp.concat(req.out)
-        self.cache.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
-        st = self.stats
+        self._commit(run)
+        req, st = run.req, self.stats
         st.requests += 1
         st.input_tokens += len(req.inp)
         st.output_tokens += len(req.out)
         st.hit_tokens += run.hit
         st.flops_saved += self.spec.flops(run.hit)
         st.flops_total += self.spec.flops(len(req.inp))
-        st.states_planned += len(plan.positions)
+        st.states_planned += len(run.plan.positions)
         if self.tuner is not None:
             self.tuner.after_request(self.cache, req.inp, req.out)
-
-    def _insert(self, run: _Running, plan: CheckpointPlan) -> bool:
-        """Hand the request's pages for [hit, cache_len) and its checkpoints to the tree;
-        False when its states could not be allocated (its pages are released)."""
-        tree, positions = self.cache.tree, plan.positions
-        extra = max(0, len(positions) - len(run.states)) if tree.state_type else 0
-        try:
-            states = run.states + self.cache.allocate_states(extra, owner=run.index)
-        except OutOfMemory:
-            self._release_pages(run)
-            self.stats.uncached_requests += 1
-            return False
-        keep = plan.cache_len - run.hit
-        kv: list[Pages] = []
-        for ptype, chunks in zip(tree.kv_types, run.kv, strict=True):
-            head, tail = _join(chunks).split(keep)
-            if len(tail):
-                self.memory.free(ptype, tail)
-            kv.append(head)
-        if tree.state_type is not None:
-            for state in states[len(positions) :]:
-                self.memory.free(tree.state_type, state)
-        key = run.req.inp.concat(run.req.out).slice(0, plan.cache_len)
-        mapping = dict(zip(positions, states, strict=False))
-        tree.insert(key, run.hit, kv, mapping, self.cache.tick())
-        run.kv, run.states = [], []
-        return True
-
-    def _record(self, decode_batch: int, prefill_tokens: int) -> None:
-        used = evictable = 0
-        held = [0, 0]  # KV, SSM state
-        for ptype in self.memory.page_types:
-            u = self.memory.usage(ptype)
-            used += u.used * u.page_bytes
-            evictable += u.evictable * u.page_bytes
-            held[ptype.kind is PageKind.STATE] += (u.used + u.evictable) * u.page_bytes
-        wasted = self.memory.wasted_bytes()
-        free = self.memory.capacity_bytes - used - evictable - wasted
-        self.stats.steps += 1
-        self.stats.timeline.append(
-            (self.now, decode_batch, prefill_tokens, used, evictable, wasted, free)
-        )
-        self.stats.held_by_kind.append((held[0], held[1]))
-
-
-def _join(chunks: list[Pages]) -> Pages:
-    """One run of pages from many, joining pairwise (O(n log k) copies, not O(n k))."""
-    while len(chunks) > 1:
-        pairs = zip(chunks[::2], chunks[1::2], strict=False)
-        joined = [a.concat(b) for a, b in pairs]
-        chunks = joined + ([chunks[-1]] if len(chunks) % 2 else [])
-    return chunks[0]
 
 
 def replay_engine(
@@ -380,6 +244,7 @@ def replay_engine(
     cost: CostModel | None = None,
     config: EngineConfig | None = None,
     check: bool = False,
+    observer: EngineObserver | None = None,
 ) -> EngineStats:
     """Engine replay of `requests` (in ts order) through `cache`."""
-    return EngineSim(requests, cache, tuner, cost, config, check).run()
+    return EngineSim(requests, cache, tuner, cost, config, check, observer).run()

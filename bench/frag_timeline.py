@@ -1,29 +1,37 @@
-"""An engine-like timeline over a JengaPool, sampling two fragmentation metrics every step.
+"""The fragmentation study's view of the engine: two fragmentation metrics sampled every step.
 
-The engine (one step per loop iteration):
+The study runs the one stepped engine (bench/engine.py) on a JengaPool, with a cache that never
+keeps a finished request (`NoCaching`), under `study_config`, which reproduces the engine the
+study was first measured with:
 
-1. admit waiting requests FIFO (by arrival id) while the pool's free bytes cover the candidate's
-   re-prefill plus `decode_reserve` of its remaining decode tokens, plus what the running requests
-   still need on the same terms; an admitted request first allocates one page per STATE type (its
-   live SSM state). A failed state allocation stops admission for this step;
-2. every running request in prefill grows by one chunk of up to `chunk_tokens` tokens (chunks of
-   all prefilling requests interleave step by step); every request past its prefill decodes one
-   token (lock step). A token needs one KV page per attention group every `tokens_per_page` tokens;
-3. when an allocation fails, the newest running request is preempted: it frees every page and is
-   requeued; when re-admitted it prefills its prompt plus the tokens it has decoded so far;
-4. a request that decoded `decode_tokens` tokens finishes and frees everything.
+1. admit waiting requests FIFO while the bytes in no held page (empty small pages of carved
+   large pages included: `admission_rule="free-bytes"`) cover the candidate's prefill plus
+   `decode_reserve` of its remaining decode tokens, plus what the running requests still need
+   on the same terms (`reserve="fraction"`); an admitted request first takes its live SSM state
+   (`state_at_admission`), and admission stops for the step when it cannot;
+2. every running request in prefill grows by one chunk of up to `chunk_tokens` tokens
+   (`chunk_budget="per-request"`: chunks of all prefilling requests interleave step by step);
+   every request past its prefill decodes one token, in admission order, and leaves the moment
+   it has decoded `decode_tokens` (`step_order="in-order"`). A token needs one KV page per
+   attention group (one token per page: the only page size the engine allocates);
+3. when an allocation fails, the newest running request is pushed out: it frees every page and
+   is requeued; when re-admitted it prefills its prompt plus the tokens it has decoded so far
+   (`preemption="reprefill"`).
 
-Metrics (bytes; the caller divides by the capacity):
+`FragmentationObserver` watches it: admissions, failed allocations and, after every step, the
+pool. Metrics (bytes; the caller divides by the capacity):
 
 * unusable = padding inside held pages + the capacity remainder below one large page + empty
   small pages of a type that no live request will allocate again (KV types while any request is
-  running or waiting; STATE types while any request waits). Empty KV pages of a type in demand are
-  usable: both allocators hand any open large page's empty pages to any owner before failing
-  (request-aware step 4, naive first choice), so they are free capacity, merely out of order.
+  running or waiting; STATE types while any request waits, or runs without its state yet).
+  Empty KV pages of a type in demand are usable: both allocators hand any open large page's
+  empty pages to any owner before failing (request-aware step 4, naive first choice), so they
+  are free capacity, merely out of order.
 * reserved-but-empty = empty small pages inside carved large pages + token slots of the last
   partially filled KV page of each running request (Jenga's "unused small pages inside the large
-  pages and the last page that is only partially filled") + padding inside held pages: an upper
-  bound on unusable minus the remainder, as the stranded pages are some of the empty ones.
+  pages and the last page that is only partially filled"; none at one token per page) + padding
+  inside held pages: an upper bound on unusable minus the remainder, as the stranded pages are
+  some of the empty ones.
 * at each failed allocation of type t: free-but-unusable bytes for t = remainder + empty small
   pages of the other types (free memory that exists but that t cannot take). A failure is
   "fragmentation-caused" when the free bytes inside large pages would have covered it.
@@ -31,11 +39,20 @@ Metrics (bytes; the caller divides by the capacity):
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
+from jenga_sglang.bench.cost_model import CostModel
+from jenga_sglang.bench.engine import EngineConfig, EngineObserver, EngineSim
+from jenga_sglang.bench.engine_batch import Running
+from jenga_sglang.bench.engine_cache import EngineCache
+from jenga_sglang.bench.replay import PackedRequest
+from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.base import AdmissionPolicy, Branch, CheckpointPlan
+from jenga_sglang.policies.eviction import LruEviction
 from jenga_sglang.pool.pool import JengaPool
-from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, PageType
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.pages import PageKind, PageType
+from jenga_sglang.radix.tokens import TokenSeq
 
 
 @dataclass(frozen=True)
@@ -57,17 +74,6 @@ class Workload:
             )
         if not 0.0 <= self.decode_reserve <= 1.0:
             raise ValueError(f"decode_reserve must be in [0, 1], got {self.decode_reserve}")
-
-
-@dataclass
-class Request:
-    rid: int
-    prompt: int
-    decoded: int = 0
-    filled: int = 0  # tokens whose KV pages are allocated in this admission
-    target: int = 0  # tokens to prefill in this admission: prompt + decoded when admitted
-    running: bool = False
-    pages: dict[PageType, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,130 +118,69 @@ class TimelineStats:
     failures: dict[str, FailureStats] = field(default_factory=dict)
 
 
-class Timeline:
-    """Runs `workload` on `pool` (which must be fresh and have no evictor) to completion."""
+#: Engine rules the study runs under: its own (the module docstring, steps 1-3), or those of
+#: the engine replays (`EngineConfig`'s defaults), so that its figures compare with theirs.
+RULES = ("study", "replay")
 
-    def __init__(self, pool: JengaPool, workload: Workload) -> None:
-        self.pool, self.work = pool, workload
+
+def study_config(work: Workload, rules: str = "study") -> EngineConfig:
+    """The engine's config for `work` under `rules` (one of RULES)."""
+    if rules == "replay":
+        return EngineConfig(chunk_tokens=work.chunk_tokens)
+    if rules != "study":
+        raise ValueError(f"unknown engine rules {rules!r}; known: {', '.join(RULES)}")
+    return EngineConfig(
+        chunk_tokens=work.chunk_tokens,
+        max_running=len(work.prompts),
+        chunk_budget="per-request",
+        preemption="reprefill",
+        reserve="fraction",
+        decode_reserve_fraction=work.decode_reserve,
+        step_order="in-order",
+        state_at_admission=True,
+        admission_rule="free-bytes",
+    )
+
+
+class NoCaching(AdmissionPolicy):
+    """Keeps nothing: a finished request frees every page, so the pool holds only live ones."""
+
+    def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
+        return CheckpointPlan()
+
+
+class FragmentationObserver(EngineObserver):
+    """Samples the pool's fragmentation after every engine step and at every failed
+    allocation (the metrics of the module docstring)."""
+
+    def __init__(self, pool: JengaPool) -> None:
+        self.pool = pool
         geo = pool.geometry
         self.kv = [t for t in geo.page_types if t.kind is PageKind.KV]
         self.state = [t for t in geo.page_types if t.kind is PageKind.STATE]
-        if not self.kv:
-            raise ValueError("the timeline needs at least one attention (KV) page type")
-        self.tpp = geo.tokens_per_page
         self.stride = {t.ptype: t.page_bytes for t in geo.types}
         self.per = {t.ptype: t.per_large for t in geo.types}
-        self.kv_stride = sum(self.stride[t] for t in self.kv)
-        self.state_bytes = sum(self.stride[t] for t in self.state)
-        self.waiting = [Request(i, n) for i, n in enumerate(workload.prompts)]
-        self.running: list[Request] = []  # admission order: the last is the newest
         self.stats = TimelineStats()
 
-    def run(self) -> TimelineStats:
-        while self.waiting or self.running:
-            self._admit()
-            if not self.running:
-                r = self.waiting[0]
-                raise RuntimeError(
-                    f"request {r.rid} ({r.prompt + r.decoded} tokens to prefill) cannot be "
-                    f"admitted into an idle {self.pool.capacity_bytes}-byte pool"
-                )
-            self._step()
-            self._sample()
-        self.pool.check_integrity()
-        if self.pool.held_bytes():
-            raise RuntimeError(f"{self.pool.held_bytes()} bytes still held after every request")
-        return self.stats
+    def admitted(self, engine: EngineCache, run: Running) -> None:
+        self.stats.admissions += 1
 
-    # ---- admission -------------------------------------------------------------------------
+    def allocation_failed(
+        self, engine: EngineCache, ptypes: tuple[PageType, ...], count: int
+    ) -> None:
+        # The engine allocates its attention groups together: the one that failed is the
+        # first short of free pages (nothing is ever evictable here).
+        short = [t for t in ptypes if self.pool.usage(t).free < count]
+        self._record_failure(short[0] if short else ptypes[0], count)
 
-    def _admit(self) -> None:
-        while self.waiting:
-            r = self.waiting[0]
-            need = self.state_bytes + sum(self._outstanding(x) for x in [*self.running, r])
-            if need > self._free_in_pages() or not self._alloc_states(r):
-                return
-            self.waiting.pop(0)
-            r.target, r.filled, r.running = r.prompt + r.decoded, 0, True
-            self.running.append(r)
-            self.stats.admissions += 1
-
-    def _outstanding(self, r: Request) -> int:
-        """KV bytes `r` still needs: its prefill plus the reserved share of its decode."""
-        left = self.work.decode_tokens - r.decoded
-        tokens = r.prompt + r.decoded + int(self.work.decode_reserve * left + 0.5)
-        have = len(r.pages[self.kv[0]]) if r.running else 0
-        return max(0, self._pages_for(tokens) - have) * self.kv_stride
-
-    def _alloc_states(self, r: Request) -> bool:
-        r.pages = {t: [] for t in self.kv}
-        for t in self.state:
-            try:
-                r.pages[t] = self.pool.alloc(t, 1, r.rid).ids()
-            except OutOfMemory:
-                self._record_failure(t, 1)
-                self._free_all(r)
-                return False
-        return True
-
-    # ---- one engine step -------------------------------------------------------------------
-
-    def _step(self) -> None:
+    def stepped(self, engine: EngineCache, decode_batch: int, prefill_tokens: int) -> None:
         self.stats.steps += 1
-        batch = 0
-        for r in list(self.running):
-            if not r.running:  # preempted earlier in this step
-                continue
-            if r.filled < r.target:
-                self._grow(r, min(self.work.chunk_tokens, r.target - r.filled))
-            elif self._grow(r, 1):
-                r.decoded += 1
-                batch += 1
-                if r.decoded >= self.work.decode_tokens:
-                    self._finish(r)
-        if batch:
+        if decode_batch:
             self.stats.decode_steps += 1
-            self.stats.decode_tokens += batch
-
-    def _grow(self, r: Request, tokens: int) -> bool:
-        """Allocate KV pages for `tokens` more tokens; False when `r` itself was preempted."""
-        want = self._pages_for(r.filled + tokens)
-        for t in self.kv:
-            while len(r.pages[t]) < want:
-                count = want - len(r.pages[t])
-                try:
-                    r.pages[t] += self.pool.alloc(t, count, r.rid).ids()
-                except OutOfMemory:
-                    self._record_failure(t, count)
-                    if self._preempt_newest() is r:
-                        return False
-        r.filled += tokens
-        return True
-
-    def _preempt_newest(self) -> Request:
-        victim = self.running.pop()
-        self._free_all(victim)
-        victim.running, victim.filled = False, 0
-        bisect.insort(self.waiting, victim, key=lambda x: x.rid)
-        self.stats.preemptions += 1
-        return victim
-
-    def _finish(self, r: Request) -> None:
-        self.running.remove(r)
-        self._free_all(r)
-        r.running = False
-        self.stats.finished += 1
-
-    def _free_all(self, r: Request) -> None:
-        for t, ids in r.pages.items():
-            if ids:
-                self.pool.free(t, IdPages(ids))
-        r.pages = {}
-
-    # ---- metrics ---------------------------------------------------------------------------
-
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.tpp)
+            self.stats.decode_tokens += decode_batch
+        # A state is still wanted by a waiting request or a running one that has none yet
+        # (under the study's rules every running request took its state when admitted).
+        self._sample(bool(engine.waiting) or any(not r.states for r in engine.running))
 
     def _empty(self, t: PageType) -> int:
         """Empty small pages of `t` inside carved large pages."""
@@ -246,15 +191,14 @@ class Timeline:
         empties = sum(self._empty(t) * self.stride[t] for t in self.stride)
         return self.pool.free_large_pages * self.pool.geometry.large_page_bytes + empties
 
-    def _sample(self) -> None:
+    def _sample(self, states_wanted: bool) -> None:
         pool, s = self.pool, self.stats
-        in_demand = set(self.kv) | (set(self.state) if self.waiting else set())
+        in_demand = set(self.kv) | (set(self.state) if states_wanted else set())
         stranded = sum(self._empty(t) * self.stride[t] for t in self.stride if t not in in_demand)
         s.allocator_unusable.add(pool.padding_bytes() + stranded)
         s.unusable.add(pool.padding_bytes() + pool.remainder_bytes() + stranded)
-        partial = sum(len(r.pages[self.kv[0]]) * self.tpp - r.filled for r in self.running)
-        empty = pool.fragmentation_bytes() + partial * self.kv_stride // self.tpp
-        s.reserved_empty.add(empty + pool.padding_bytes())
+        # one token per page: no running request has a partially filled last page
+        s.reserved_empty.add(pool.fragmentation_bytes() + pool.padding_bytes())
         s.held.add(pool.held_bytes())
 
     def _record_failure(self, t: PageType, count: int) -> None:
@@ -263,3 +207,46 @@ class Timeline:
         stats.count += 1
         stats.fragmentation_caused += self._free_in_pages() >= count * self.stride[t]
         stats.unusable.add(self.pool.remainder_bytes() + others)
+
+
+class Timeline:
+    """Runs `workload` on `pool` (fresh; the study's cache becomes its evictor, with nothing
+    ever to evict) through the engine to completion."""
+
+    def __init__(
+        self, spec: ModelSpec, pool: JengaPool, workload: Workload, rules: str = "study"
+    ) -> None:
+        geo = pool.geometry
+        if not any(t.kind is PageKind.KV for t in geo.page_types):
+            raise ValueError("the timeline needs at least one attention (KV) page type")
+        if geo.tokens_per_page != 1:
+            raise ValueError(f"the engine holds one token per KV page, not {geo.tokens_per_page}")
+        self.pool, self.work = pool, workload
+        self.config = study_config(workload, rules)
+        self.cache = PrefixCache(spec, pool, LruEviction(), NoCaching())
+        self.observer = FragmentationObserver(pool)
+
+    def requests(self) -> list[PackedRequest]:
+        """The workload as engine requests, all at t = 0 (the tree stays empty: any ids do)."""
+        out = TokenSeq(bytes(4 * self.work.decode_tokens))
+        return [
+            PackedRequest(i, 0, 0.0, TokenSeq(bytes(4 * n)), out)
+            for i, n in enumerate(self.work.prompts)
+        ]
+
+    def run(self) -> TimelineStats:
+        engine = EngineSim(
+            self.requests(), self.cache, None, CostModel(), self.config, False, self.observer
+        )
+        st = engine.run()
+        if st.rejected:
+            raise RuntimeError(
+                f"{st.rejected} request(s) cannot run alone in a {self.pool.capacity_bytes}-byte "
+                "pool"
+            )
+        self.pool.check_integrity()
+        if self.pool.held_bytes():
+            raise RuntimeError(f"{self.pool.held_bytes()} bytes still held after every request")
+        stats = self.observer.stats
+        stats.preemptions, stats.finished = st.retractions, st.requests
+        return stats

@@ -2,9 +2,10 @@
 
 Workload: `--requests` long requests (prompts uniform in [--min-tokens, --max-tokens], seeded)
 arrive together on the `--spec` model's real page types (geometry_for_spec); each decodes
-`--decode-tokens` tokens. The engine (bench/frag_timeline.py) admits FIFO while memory allows,
-prefills in interleaved `--chunk-tokens` chunks, decodes in lock step, preempts the newest
-request when an allocation fails and frees everything a request held when it finishes.
+`--decode-tokens` tokens. The engine (bench/engine.py, under the study's config and observed
+by bench/frag_timeline.py) admits FIFO while memory allows, prefills in interleaved
+`--chunk-tokens` chunks, decodes in lock step, preempts the newest request when an allocation
+fails and frees everything a request held when it finishes. One token per KV page.
 
 Pools of 60%, 100% and 150% of the workload's demand (every request's prompt and decode tokens
 plus one state page each), each with the request-aware allocator (Jenga §4.3) and the naive one.
@@ -20,7 +21,11 @@ Per run, sampled every step and reported as time average and maximum, in % of th
 Also per run: steps, preemptions, average decode batch, failed allocations (`fails`), those that
 failed although the free bytes inside large pages would have covered them (`frag`).
 
-    python -m jenga_sglang.bench.fragmentation [--json]
+`--engine-rules replay` runs the same workload under the engine replays' rules (one shared
+prefill budget per step, a pushed-out request restarts, 256 decode tokens reserved, admission
+on the memory's `fits`; bench/engine_config.py), so the figures compare with theirs.
+
+    python -m jenga_sglang.bench.fragmentation [--engine-rules study|replay] [--json]
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from jenga_sglang.bench.frag_timeline import Series, Timeline, TimelineStats, Workload
+from jenga_sglang.bench.frag_timeline import RULES, Series, Timeline, TimelineStats, Workload
 from jenga_sglang.models.presets import get_spec
+from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
 from jenga_sglang.radix.pages import PageKind
@@ -100,23 +106,33 @@ class Run:
 
 
 def run_case(
-    label: str, allocator: tuple[str, bool], geo: PoolGeometry, work: Workload, capacity: int
+    label: str,
+    allocator: tuple[str, bool],
+    spec: ModelSpec,
+    geo: PoolGeometry,
+    work: Workload,
+    capacity: int,
+    rules: str = "study",
 ) -> dict[str, object]:
     """One timeline on a fresh pool of `capacity` bytes, as a JSON-ready dict."""
     name, aware = allocator
     pool = JengaPool(geo, capacity, request_aware=aware)
-    stats = Timeline(pool, work).run()
+    stats = Timeline(spec, pool, work, rules).run()
     return Run(label, name, stats, pool.capacity_bytes, pool.remainder_bytes()).to_json()
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     spec = get_spec(args.spec)
-    geo = geometry_for_spec(spec, tokens_per_page=args.tokens_per_page)
+    geo = geometry_for_spec(spec)
     rng = random.Random(args.seed)
     prompts = tuple(rng.randint(args.min_tokens, args.max_tokens) for _ in range(args.requests))
     work = Workload(prompts, args.decode_tokens, args.chunk_tokens, args.decode_reserve)
     demand = demand_bytes(geo, work)
-    cases = [(c, a, geo, work, int(share * demand)) for c, share in CAPACITIES for a in ALLOCATORS]
+    cases = [
+        (c, a, spec, geo, work, int(share * demand), args.engine_rules)
+        for c, share in CAPACITIES
+        for a in ALLOCATORS
+    ]
     if args.jobs > 1:  # runs are independent and CPU-bound: one process each
         with ProcessPoolExecutor(args.jobs) as pool:
             runs = list(pool.map(run_case, *zip(*cases, strict=True)))
@@ -132,6 +148,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "decode_tokens": args.decode_tokens,
         "chunk_tokens": args.chunk_tokens,
         "decode_reserve": args.decode_reserve,
+        "engine_rules": args.engine_rules,
         "demand_bytes": demand,
         "seed": args.seed,
         "results": runs,
@@ -178,7 +195,8 @@ def _table(report: dict[str, object]) -> str:
             f"spec {report['spec']}: L = {report['large_page_bytes']} bytes, pages per large "
             f"page {report['pages_per_large']}; {report['requests']} requests, "
             f"{report['prompt_tokens']} prompt tokens + {report['decode_tokens']} decode each, "
-            f"chunk {report['chunk_tokens']}; demand {demand / 2**30:.2f} GiB",
+            f"chunk {report['chunk_tokens']}; demand {demand / 2**30:.2f} GiB; "
+            f"{report['engine_rules']} rules",
             head,
             *(_row(r) for r in results),
         ]
@@ -194,8 +212,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=2_000)
     p.add_argument("--chunk-tokens", type=int, default=8_192)
     p.add_argument("--decode-reserve", type=float, default=0.5)
-    p.add_argument("--tokens-per-page", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--engine-rules",
+        choices=RULES,
+        default="study",
+        help="the study's engine rules (default) or the engine replays' (comparable figures; "
+        "--decode-reserve is then unused: 256 tokens are reserved)",
+    )
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)

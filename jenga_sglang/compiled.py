@@ -60,6 +60,9 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.policies.tuning",
     "jenga_sglang.policies.replay_grid",
     "jenga_sglang.bench.replay",
+    "jenga_sglang.bench.engine_config",
+    "jenga_sglang.bench.engine_batch",
+    "jenga_sglang.bench.engine_cache",
     "jenga_sglang.bench.engine",
 )
 
