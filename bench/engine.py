@@ -41,9 +41,9 @@ from mypy_extensions import mypyc_attr
 
 from jenga_sglang.bench.cost_model import CostModel, decode_bytes, weight_bytes
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats
-from jenga_sglang.policies.base import CheckpointPlan
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import CheckpointPlan
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import OutOfMemory, PageKind, Pages, PageType
 

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.admission import SpeculativeAdmission
-from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import EvictionPolicy
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
-from jenga_sglang.policies.cost import SpecNodeCost
+from jenga_sglang.radix.contracts import AdmissionPolicy, CheckpointPlan, EvictionPolicy
+from jenga_sglang.radix.cost import SpecNodeCost
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType

@@ -7,7 +7,7 @@ tuple's constructor stays a Python-level call.
 
 from __future__ import annotations
 
-from jenga_sglang.policies.base import Branch
+from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
 

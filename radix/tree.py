@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
-from jenga_sglang.policies.base import EvictionPolicy
+from jenga_sglang.radix.contracts import EvictionPolicy
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, Evictor

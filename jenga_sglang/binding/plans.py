@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from jenga_sglang.policies.base import CheckpointPlan
+from jenga_sglang.radix.contracts import CheckpointPlan
 from jenga_sglang.radix.tokens import TokenSeq
 
 #: Far more requests than a scheduler holds queued and running at once.
