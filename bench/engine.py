@@ -43,9 +43,8 @@ from jenga_sglang.bench.cost_model import CostModel, decode_bytes, weight_bytes
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
-from jenga_sglang.radix.contracts import CheckpointPlan
-from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import OutOfMemory, PageKind, Pages, PageType
+from jenga_sglang.radix.lease import Lease
+from jenga_sglang.radix.pages import OutOfMemory, PageKind, PageType
 
 
 # Sent between processes: mypyc-compiled frozen dataclasses cannot be unpickled, so this one
@@ -83,18 +82,18 @@ class EngineStats(ReplayStats):
 
 
 class _Running:
-    """A request in the batch and the pages it holds (tokens [hit, computed) of its sequence)."""
+    """A request in the batch; its lease holds the pages of tokens [hit, computed)."""
 
-    def __init__(
-        self, index: int, req: PackedRequest, hit: int, anchor: Node | None, plan: CheckpointPlan
-    ) -> None:
-        self.index, self.req, self.hit, self.anchor, self.plan = index, req, hit, anchor, plan
+    def __init__(self, index: int, req: PackedRequest, hit: int) -> None:
+        self.index, self.req, self.hit = index, req, hit
+        self.lease: Lease | None = None  # set once admitted
         self.done = hit  # input tokens whose KV exists (cached or prefilled)
         self.decoded = 0  # output tokens produced
-        # Per attention group, the runs of pages allocated step by step; joined once at insert
-        # (concatenating at every decode step would copy the whole run each time).
-        self.kv: list[list[Pages]] = []
-        self.states: list[Pages] = []
+
+    @property
+    def held(self) -> Lease:
+        assert self.lease is not None, "a running request holds a lease"
+        return self.lease
 
     @property
     def prefilling(self) -> bool:
@@ -121,9 +120,8 @@ class EngineSim:
         self.cost = cost or CostModel()
         self.config = config or EngineConfig()
         self.spec, self.memory = cache.spec, cache.memory
-        self.state_bytes = self.spec.state_bytes
-        self.kv_types = cache.tree.kv_types
-        self.state_type = cache.tree.state_type
+        self.kv_types = cache.kv_types
+        self.state_type = cache.state_type
         self.weights = weight_bytes(self.spec, self.cost.weight_dtype_bytes)
         self.waiting: deque[int] = deque()
         self.running: list[_Running] = []
@@ -169,7 +167,7 @@ class EngineSim:
         # and retracted again while the requests that pushed it out keep growing.
         cap = len(req.out) if run.index in self.retracted else self.config.decode_reserve_tokens
         tokens += max(0, min(len(req.out), cap) - run.decoded)
-        return self._demand(tokens, 0 if run.states else 1)
+        return self._demand(tokens, 0 if run.lease is not None and run.lease.holds_state else 1)
 
     def _fits_alone(self, req: PackedRequest) -> bool:
         demand = self._demand(len(req.inp) + len(req.out), 1)
@@ -183,8 +181,8 @@ class EngineSim:
                 self.waiting.popleft()
                 self.stats.rejected += 1
                 continue
-            result = self.cache.tree.match(req.inp)
-            run = _Running(index, req, result.length, result.node, CheckpointPlan())
+            found = self.cache.lookup(req.inp)
+            run = _Running(index, req, found.length)
             committed = self._reserve(run)
             for other in self.running:
                 committed.update(self._reserve(other))
@@ -195,10 +193,8 @@ class EngineSim:
                     continue
                 return
             self.waiting.popleft()
-            self.cache.tree.touch(result, self.cache.tick())
             total = len(req.inp) + len(req.out)
-            run.plan = self.cache.plan(req.inp, result, total)
-            self.cache.tree.lock(run.anchor)
+            run.lease = self.cache.admit(req.inp, found, total, owner=index, lock=True)
             self.running.append(run)
 
     # ------------------------------------------------------------------ one step
@@ -258,9 +254,7 @@ class EngineSim:
         """
         while True:
             try:
-                if self.state_bytes and not run.states:  # the running SSM state, held first
-                    run.states = self.cache.allocate_states(1, owner=run.index)
-                pages = self.cache.allocate_kv(count, owner=run.index)
+                self.cache.extend(run.held, count)  # the running SSM state is allocated first
             except OutOfMemory:
                 victim = self.running[-1]
                 alone = len(self.running) == 1
@@ -271,26 +265,10 @@ class EngineSim:
                         self.stats.rejected += 1
                     return False
                 continue
-            if not run.kv:
-                run.kv = [[] for _ in pages]
-            for chunks, new in zip(run.kv, pages, strict=True):
-                chunks.append(new)
             return True
 
-    def _release_pages(self, run: _Running) -> None:
-        tree = self.cache.tree
-        for ptype, chunks in zip(tree.kv_types, run.kv, strict=False):
-            for pages in chunks:
-                if len(pages):
-                    self.memory.free(ptype, pages)
-        if tree.state_type is not None:
-            for state in run.states:
-                self.memory.free(tree.state_type, state)
-        run.kv, run.states = [], []
-
     def _retract(self, run: _Running) -> None:
-        self._release_pages(run)
-        self.cache.tree.unlock(run.anchor)
+        self.cache.release(run.held)  # its pages and lock; a new lease when re-admitted
         self.running.remove(run)
         self.waiting.appendleft(run.index)
         self.retracted.add(run.index)
@@ -300,52 +278,15 @@ class EngineSim:
 
     def _finish(self, run: _Running) -> None:
         self.running.remove(run)
-        req, plan, tree = run.req, run.plan, self.cache.tree
-        cached = False
-        if plan.cache_len > run.hit:
-            cached = self._insert(run, plan)
-        else:
-            self._release_pages(run)
-        tree.unlock(run.anchor)
+        req, lease = run.req, run.held
         seq = req.inp.concat(req.out)
-        self.cache.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
-        st = self.stats
-        st.requests += 1
-        st.input_tokens += len(req.inp)
-        st.output_tokens += len(req.out)
-        st.hit_tokens += run.hit
-        st.flops_saved += self.spec.flops(run.hit)
-        st.flops_total += self.spec.flops(len(req.inp))
-        st.states_planned += len(plan.positions)
+        # Stored only past the hit; a commit that does not fit leaves the request uncached.
+        fits = lease.plan.cache_len <= run.hit or self.cache.commit(lease, seq)
+        self.cache.release(lease, seq)
+        planned = len(lease.plan.positions)
+        self.stats.count(len(req.inp), len(req.out), run.hit, self.spec.flops, planned, fits)
         if self.tuner is not None:
             self.tuner.after_request(self.cache, req.inp, req.out)
-
-    def _insert(self, run: _Running, plan: CheckpointPlan) -> bool:
-        """Hand the request's pages for [hit, cache_len) and its checkpoints to the tree;
-        False when its states could not be allocated (its pages are released)."""
-        tree, positions = self.cache.tree, plan.positions
-        extra = max(0, len(positions) - len(run.states)) if tree.state_type else 0
-        try:
-            states = run.states + self.cache.allocate_states(extra, owner=run.index)
-        except OutOfMemory:
-            self._release_pages(run)
-            self.stats.uncached_requests += 1
-            return False
-        keep = plan.cache_len - run.hit
-        kv: list[Pages] = []
-        for ptype, chunks in zip(tree.kv_types, run.kv, strict=True):
-            head, tail = _join(chunks).split(keep)
-            if len(tail):
-                self.memory.free(ptype, tail)
-            kv.append(head)
-        if tree.state_type is not None:
-            for state in states[len(positions) :]:
-                self.memory.free(tree.state_type, state)
-        key = run.req.inp.concat(run.req.out).slice(0, plan.cache_len)
-        mapping = dict(zip(positions, states, strict=False))
-        tree.insert(key, run.hit, kv, mapping, self.cache.tick())
-        run.kv, run.states = [], []
-        return True
 
     def _record(self, decode_batch: int, prefill_tokens: int) -> None:
         used = evictable = 0
@@ -362,15 +303,6 @@ class EngineSim:
             (self.now, decode_batch, prefill_tokens, used, evictable, wasted, free)
         )
         self.stats.held_by_kind.append((held[0], held[1]))
-
-
-def _join(chunks: list[Pages]) -> Pages:
-    """One run of pages from many, joining pairwise (O(n log k) copies, not O(n k))."""
-    while len(chunks) > 1:
-        pairs = zip(chunks[::2], chunks[1::2], strict=False)
-        joined = [a.concat(b) for a, b in pairs]
-        chunks = joined + ([chunks[-1]] if len(chunks) % 2 else [])
-    return chunks[0]
 
 
 def replay_engine(

@@ -50,6 +50,8 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.contracts",
     "jenga_sglang.radix.cost",
     "jenga_sglang.radix.tree",
+    "jenga_sglang.radix.lease",
+    "jenga_sglang.radix.commit",
     "jenga_sglang.radix.cache",
     "jenga_sglang.policies.ghost",
     "jenga_sglang.policies.eviction",

@@ -34,6 +34,11 @@ class Walk:
             return self
         return Walk(n, tuple(node for node in self.path if node.start < n))
 
+    def checkpoints(self) -> set[int]:
+        """Positions up to `length` where the path holds an SSM checkpoint (the last node may
+        end past `length`, on another sequence: its state is not one of them)."""
+        return {n.end for n in self.path if n.state is not None and n.end <= self.length}
+
     def branch(self) -> Branch:
         if not self.path:
             return Branch(length=0, at_node_end=True, checkpointed=True)
