@@ -49,6 +49,8 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.rules",
     "jenga_sglang.radix.contracts",
     "jenga_sglang.radix.cost",
+    "jenga_sglang.radix.insert",
+    "jenga_sglang.radix.evict",
     "jenga_sglang.radix.tree",
     "jenga_sglang.radix.lease",
     "jenga_sglang.radix.commit",
