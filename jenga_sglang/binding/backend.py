@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -45,10 +44,10 @@ from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_
 from jenga_sglang.binding.mamba_state import Captured, StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
-from jenga_sglang.binding.plans import Planned, RequestPlans
+from jenga_sglang.binding.plans import Planned, RequestPlans, key_tokens, will_decode
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
 from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_ids import Ids, page_ids
+from jenga_sglang.binding.slot_tree import Adopted, SlotTree
 from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
@@ -93,6 +92,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.cache = PrefixCache(
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )
+        self.slot_tree = SlotTree(self.cache, self.slots)
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
             StateHandOver(
@@ -122,18 +122,12 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def snapshot(self) -> Snapshot:
         """Cumulative hit tokens and states admitted/evicted, current alpha and pool bytes."""
-        pool: dict[tuple[str, str], int] = {}
-        for ptype in self.memory.page_types:
-            use = self.memory.usage(ptype)
-            size = self.memory.page_bytes(ptype)
-            pool[(str(ptype), "used")] = use.used * size
-            pool[(str(ptype), "evictable")] = use.evictable * size
         return Snapshot(
             hit_tokens=self.hit_tokens,
             states_admitted=self.states_admitted,
             states_evicted=self.cache.evicted_states,
             alpha=float(getattr(self.cache.eviction, "alpha", 0.0)),
-            pool_bytes=pool,
+            pool_bytes=self.slots.pool_bytes(),
             rewriting=bool(getattr(self.cache.admission, "rewriting", False)),
             ghost_branches=int(getattr(self.cache.admission, "ghost_branches", 0)),
             captures=0 if self.captures is None else self.captures.taken,
@@ -170,14 +164,6 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if self.cache.root.children:
             raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
 
-    def _tokens(self, params_key: Any, whole: TokenSeq | None = None) -> TokenSeq | None:
-        """The key's tokens packed (`whole`: the key's token_ids, already packed)."""
-        if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
-            return None  # LoRA / salt namespaces are not modelled: never shared
-        if whole is not None:
-            return whole.truncated(len(params_key))  # shares the bytes: no copy
-        return TokenSeq.of(params_key.token_ids[: len(params_key)])
-
     def _empty(self) -> MatchResult:
         root = self.root_node
         return MatchResult(
@@ -190,7 +176,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         # Packed once: the match key may be capped short of the input the plan reads.
         whole = None if self.disable else TokenSeq.of(params.key.token_ids)
-        tokens = None if whole is None else self._tokens(params.key, whole)
+        tokens = None if whole is None else key_tokens(params.key, whole)
         if whole is None or tokens is None:
             return self._empty()
         found = self.cache.lookup(tokens)
@@ -244,7 +230,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         tracked_finish = self.captures is not None and bool(
             self.handover and self.handover.extra_buffer
         )
-        ends = _will_decode(params.req) or (params.req is not None and tracked_finish)
+        ends = will_decode(params.req) or (params.req is not None and tracked_finish)
         lease = self.cache.admit(whole, found, input_len + int(ends))
         return Planned.of(lease.plan, found.length, input_len)
 
@@ -258,47 +244,25 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             self.cache.unpin(found.node)
 
     def insert(self, params: InsertParams) -> InsertResult:
-        tokens = None if self.disable or params.key is None else self._tokens(params.key)
+        tokens = None if self.disable or params.key is None else key_tokens(params.key)
         if tokens is None:
             return InsertResult(prefix_len=0)
         state = params.mamba_value
         states = {} if state is None else {len(tokens): int(state.reshape(-1)[0].item())}
-        result, refused = self._insert(tokens, params.value, states)
-        result.mamba_exist = bool(refused)
+        done = self._adopt(tokens, params.value, states)
+        result = InsertResult(
+            prefix_len=done.present, total_len=len(tokens), last_device_node=done.node
+        )
+        result.mamba_exist = bool(done.refused)
         return result
 
-    def _insert(
-        self,
-        tokens: TokenSeq,
-        value: torch.Tensor | None,
-        states: dict[int, int],
-        start: Node | None = None,
-    ) -> tuple[InsertResult, dict[int, int]]:
-        """Adopt KV slots for [present, len) and state slots valid at their positions (<= len).
-        Returns the result and the states not taken (position -> slot; a checkpoint is already
-        there), which stay the caller's to free. `start`: where the walk may begin (a node
-        locked on the tokens' path, `RadixTree.walk`)."""
-        if value is None or len(value) < len(tokens):
-            raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
-        bad = [p for p in states if not 0 < p <= len(tokens)]
-        if bad:
-            raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
-        walk = self.cache.reach(tokens, start)
-        present = walk.length
-        new_ids = value[present : len(tokens)].cpu().numpy()  # adopt copies them
-        kv = [self.memory.adopt(self.kv_type, new_ids)]
-        # The walk's last node may end past `present`, on another sequence: not a checkpoint here.
-        held = walk.checkpoints()
-        refused = {p: slot for p, slot in states.items() if p in held or self.state_type is None}
-        adopt = {
-            p: self.memory.adopt(self.state_type, [slot])
-            for p, slot in states.items()
-            if p not in refused and self.state_type is not None
-        }
-        node = self.cache.store(tokens, walk, kv, adopt)
-        self.states_admitted += len(adopt)
-        result = InsertResult(prefix_len=present, total_len=len(tokens), last_device_node=node)
-        return result, refused
+    def _adopt(
+        self, tokens: TokenSeq, value: Any, states: dict[int, int], start: Node | None = None
+    ) -> Adopted:
+        """The tree adopts the slots (slot_tree.py); counted for the metrics."""
+        done = self.slot_tree.adopt(tokens, value, states, start)
+        self.states_admitted += done.admitted
+        return done
 
     # ------------------------------------------------------------------ locks and eviction
 
@@ -340,7 +304,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
         # The row's slots are read as they are (int32): only the new ones become ids, so a
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        result, refused = self._insert(tokens, row[:up_to], states, self._walk_start(req, up_to))
+        done = self._adopt(tokens, row[:up_to], states, self._walk_start(req, up_to))
+        refused = done.refused
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
             self.slots.free_states(lost)  # the tree had a checkpoint there already
@@ -348,7 +313,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             offered = None if captured is None else captured.position
             taken = offered is not None and offered not in refused and offered not in inpass
             self.handover.settle(req, finished, captured, taken=taken)
-        self._repoint(req, result)
+        self._repoint(req, done)
         if finished:
             self._finished(req, len(tokens), planned)
         self.sync_metrics()
@@ -387,18 +352,11 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         if self.tuner is not None:
             self.tuner.after_request(self.cache, inp, out)
 
-    def _repoint(self, req: Any, result: InsertResult) -> None:
-        """Free the request's duplicates of cached KV, point its row at the tree's slots.
-        Only [protected, prefix_len) changes: the row before is the tree's already, and the
-        tree adopted the row's own slots past prefix_len."""
-        protected, present = req.kv.cache_protected_len, result.prefix_len
-        node = result.last_device_node
-        if present > protected:
-            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-            self.token_to_kv_pool_allocator.free(row[protected:present].to(torch.int64))
-            cached = self.path_device_indices(node, start=protected, stop=present)
-            self.req_to_token_pool.write((req.kv.req_pool_idx, slice(protected, present)), cached)
-        req.kv.cache_protected_len = 0 if node is self.root_node else node.end
+    def _repoint(self, req: Any, done: Adopted) -> None:
+        """Point the request's row at the tree's slots (slot_tree.py) and move its lock to
+        the node its insert ended at."""
+        node = done.node
+        self.slot_tree.repoint(req, done.present, node)
         self.unlock(req.lock)
         req.lock = self.lock(node)
         req.last_node = node
@@ -415,20 +373,8 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def path_device_indices(
         self, node: Any, start: int = 0, stop: int | None = None
     ) -> torch.Tensor:
-        """KV slot ids of the path's positions [start, stop) (stop: node.end by default):
-        nodes above `start` are not visited (a request repointed after each chunk needs only
-        what it added)."""
-        parts: list[Ids] = []
-        if node is not self.root_node:
-            slot = self.cache.kv_types.index(self.kv_type)
-            stop = node.end if stop is None else stop
-            n = node
-            while n is not self.root_node and n.end > start:
-                if n.start < stop:
-                    parts.append(page_ids(n.kv[slot])[max(0, start - n.start) : stop - n.start])
-                n = n.parent
-        ids = np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int64)
-        return torch.from_numpy(ids).to(self.device)
+        """KV slot ids of the path's positions [start, stop) (slot_tree.py)."""
+        return self.slot_tree.path_ids(node, start, stop)
 
     # ------------------------------------------------------------------ sizes and flags
 
@@ -470,13 +416,3 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def sanity_check(self) -> None:
         self.cache.check_integrity()
-
-
-def _will_decode(req: Any) -> bool:
-    """Whether the request decodes after its prefill. Its final length is unknown until it
-    finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
-    (a prompt-end state is then worth keeping)."""
-    if req is None:
-        return False  # a probe match: nothing will be prefilled
-    budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
-    return budget is None or int(budget) > 0

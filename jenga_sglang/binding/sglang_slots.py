@@ -127,6 +127,16 @@ class SglangSlots:
     def total_tokens(self) -> int:
         return self.memory.held(self.kv_type)
 
+    def pool_bytes(self) -> dict[tuple[str, str], int]:
+        """Bytes the tree holds per (page type, "used" or "evictable"), for the metrics."""
+        pool: dict[tuple[str, str], int] = {}
+        for ptype in self.memory.page_types:
+            use = self.memory.usage(ptype)
+            size = self.memory.page_bytes(ptype)
+            pool[(str(ptype), "used")] = use.used * size
+            pool[(str(ptype), "evictable")] = use.evictable * size
+        return pool
+
 
 def index_tensor(ids: list[int], device: Any) -> torch.Tensor:
     """Slot ids as an int64 tensor: through numpy, 4x faster than `torch.tensor` on a list
