@@ -11,6 +11,11 @@ The tree's KV pages *are* SGLang's KV slot indices and its SSM states are Mamba 
 (`SlotMemory` adopts them); evicting gives them back to SGLang's allocators. Hits follow our
 per-layer-type rules: with a Mamba group a hit ends at a node that holds a checkpoint.
 
+The backend drives the tree only through `PrefixCache` (radix/cache.py). Beside it:
+sglang_slots.py builds the memory from SGLang's pools (capacities, give-back, room, evictions),
+slot_tree.py moves slots in and out of the tree (adoption, row repointing, path ids) and
+request_path.py holds the request path (`checkpoint`, `on_release`).
+
 Build it without a scheduler from the same `CacheInitParams` SGLang's `UnifiedRadixCache` takes
 (pools on device="cpu" work once `set_global_server_args_for_scheduler` was called):
 
@@ -41,13 +46,14 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
 from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_rows
-from jenga_sglang.binding.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.mamba_state import StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.plans import Planned, RequestPlans, key_tokens, will_decode
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
+from jenga_sglang.binding.request_path import RequestPath
 from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_tree import Adopted, SlotTree
+from jenga_sglang.binding.slot_tree import SlotTree
 from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
@@ -56,7 +62,7 @@ from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 
 
-class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no types
+class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sglang: no types
     """SGLang prefix cache backed by jenga-sglang's heterogeneous radix tree.
 
     Deterministic given the same call sequence (logical clock, no wall time), so every tensor-
@@ -256,14 +262,6 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         result.mamba_exist = bool(done.refused)
         return result
 
-    def _adopt(
-        self, tokens: TokenSeq, value: Any, states: dict[int, int], start: Node | None = None
-    ) -> Adopted:
-        """The tree adopts the slots (slot_tree.py); counted for the metrics."""
-        done = self.slot_tree.adopt(tokens, value, states, start)
-        self.states_admitted += done.admitted
-        return done
-
     # ------------------------------------------------------------------ locks and eviction
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
@@ -281,94 +279,6 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         kv, st = self.slots.evict(params.num_tokens, params.mamba_num)
         self.sync_metrics()
         return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
-
-    # ------------------------------------------------------------------ request path
-
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-        """Insert the request's KV [0, up_to) and the states our admission wants, repoint its
-        row at the tree's slots, relock. States come from the captures the forward wrote
-        (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
-        finished = bool(req.finished())
-        planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
-        inpass = self.captures.take(req.rid, up_to).states if self.captures is not None else {}
-        if self.disable:
-            self.slots.free_states(list(inpass.values()))
-            if finished and self.handover is not None:
-                self.handover.release(req)
-            return
-        captured = self._handed_over(req, up_to, finished, planned)
-        states = dict(inpass)
-        if captured is not None:
-            states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
-        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
-        # The row's slots are read as they are (int32): only the new ones become ids, so a
-        # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        done = self._adopt(tokens, row[:up_to], states, self._walk_start(req, up_to))
-        refused = done.refused
-        lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
-        if lost:
-            self.slots.free_states(lost)  # the tree had a checkpoint there already
-        if self.handover is not None:
-            offered = None if captured is None else captured.position
-            taken = offered is not None and offered not in refused and offered not in inpass
-            self.handover.settle(req, finished, captured, taken=taken)
-        self._repoint(req, done)
-        if finished:
-            self._finished(req, len(tokens), planned)
-        self.sync_metrics()
-
-    def _walk_start(self, req: Any, size: int) -> Node | None:
-        """The node the request holds locked (its match or last checkpoint), where its next
-        insert's walk begins: one walk from the root per request (`RadixTree.walk`)."""
-        lock = getattr(req, "lock", None)
-        node = getattr(lock, "node", None)
-        if not isinstance(node, Node) or node.inner or node.end > size or node.lock_ref <= 0:
-            return None
-        return node
-
-    def _handed_over(
-        self, req: Any, up_to: int, finished: bool, planned: Planned
-    ) -> Captured | None:
-        """The request's own state offered to the tree: at finish its last state (unless the
-        plan marks the end expendable); while running only on the cut path (no in-pass
-        capture), where the chunk just ended at a planned position (prefill_cut)."""
-        if self.handover is None or (finished and planned.expendable_from is not None):
-            return None
-        if finished:
-            return self.handover.capture(req, up_to, True)
-        if self.captures is not None:
-            return None
-        captured = self.handover.capture(req, up_to, False, planned.positions)
-        req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
-        return captured
-
-    def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
-        """The request is done: its expendable tail to the policy, its sequence to the
-        admission's memory and the tuner."""
-        inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
-        out = TokenSeq.of(req.output_ids)
-        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
-        if self.tuner is not None:
-            self.tuner.after_request(self.cache, inp, out)
-
-    def _repoint(self, req: Any, done: Adopted) -> None:
-        """Point the request's row at the tree's slots (slot_tree.py) and move its lock to
-        the node its insert ended at."""
-        node = done.node
-        self.slot_tree.repoint(req, done.present, node)
-        self.unlock(req.lock)
-        req.lock = self.lock(node)
-        req.last_node = node
-
-    def on_release(self, req: Any, *, checkpointed: bool) -> None:
-        """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
-        self.plans.pop(req.rid)
-        if self.captures is not None:
-            self.captures.drop(req.rid)
-        if not checkpointed and self.handover is not None:
-            self.handover.release(req)
-        self.sync_metrics()  # the request's lock is gone: its pages turned evictable
 
     def path_device_indices(
         self, node: Any, start: int = 0, stop: int | None = None
