@@ -35,7 +35,7 @@ class Bundle:
     eviction: Callable[[], EvictionPolicy]
     tuner: Callable[[], AlphaTuner | None]
     #: False: an insert may evict the request's own cached prefix (the reference simulator's
-    #: order, radix/cache.py `_insert_unlocked`); True: the prefix stays locked (a real engine).
+    #: order, radix/commit.py `insert_unlocked`); True: the prefix stays locked (a real engine).
     lock_prefix: bool = True
 
 
