@@ -166,8 +166,9 @@ class PrefixCache:
 
     def commit(self, lease: Lease, seq: TokenSeq, now: int | None = None) -> bool:
         """Store the first `plan.cache_len` tokens of `seq` (input + output) with the pages the
-        lease computed, allocating what it lacks; False (its pages freed) when they do not
-        fit. `now`: the time of the insert (default: a new tick)."""
+        lease computed (`extend`), or along the walk it was admitted with (`ahead`), allocating
+        what it lacks (radix/commit.py). False when they do not fit: `release` then frees what
+        the lease holds. `now`: the time of the insert (default: a new tick)."""
         plan = lease.plan
         if plan.cache_len == 0:
             return False
