@@ -97,7 +97,7 @@ class EngineSim(EngineCache):
 
     def _reserve(self, run: Running) -> Counter[PageType]:
         tokens = reserve_tokens(run, self.config, run.index in self.retracted)
-        return demand(self.kv_types, self.state_type, tokens, 0 if run.states else 1)
+        return demand(self.kv_types, self.state_type, tokens, 0 if run.holds_state else 1)
 
     def _fits_alone(self, req: PackedRequest) -> bool:
         pages = demand(self.kv_types, self.state_type, len(req.inp) + len(req.out), 1)
@@ -116,15 +116,14 @@ class EngineSim(EngineCache):
             for other in self.running:
                 committed.update(self._reserve(other))
             ready = admits(self.memory, committed, self.config.admission_rule)
-            if ready and self.config.state_at_admission:
-                ready = self._grow_states(run)
+            if ready:
+                ready = self._admit(run, result)
             if not ready:
                 if not self.running:  # nothing will free memory: it can never run
                     self._reject()
                     continue
                 return
             self.waiting.popleft()
-            self._admit(run, result)
             self.running.append(run)
             self.observer.admitted(self, run)
 
@@ -224,15 +223,10 @@ class EngineSim(EngineCache):
 
     def _finish(self, run: Running) -> None:
         self.running.remove(run)
-        self._commit(run)
-        req, st = run.req, self.stats
-        st.requests += 1
-        st.input_tokens += len(req.inp)
-        st.output_tokens += len(req.out)
-        st.hit_tokens += run.hit
-        st.flops_saved += self.spec.flops(run.hit)
-        st.flops_total += self.spec.flops(len(req.inp))
-        st.states_planned += len(run.plan.positions)
+        planned = len(run.held.plan.positions)
+        fits = self._commit(run)
+        req = run.req
+        self.stats.count(len(req.inp), len(req.out), run.hit, self.spec.flops, planned, fits)
         if self.tuner is not None:
             self.tuner.after_request(self.cache, req.inp, req.out)
 

@@ -8,11 +8,10 @@ from collections import Counter
 
 from jenga_sglang.bench.engine_config import EngineConfig, EngineStats
 from jenga_sglang.bench.replay import PackedRequest
-from jenga_sglang.policies.base import CheckpointPlan
 from jenga_sglang.pool.pool import JengaPool
+from jenga_sglang.radix.lease import Lease
 from jenga_sglang.radix.memory import CacheMemory
-from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import PageKind, Pages, PageType
+from jenga_sglang.radix.pages import PageKind, PageType
 
 
 class Running:
@@ -22,23 +21,21 @@ class Running:
     `target` is where its prefill ends: its input, plus (re-prefilled after a preemption) the
     output tokens it had decoded before, which `decoded` still counts."""
 
-    def __init__(
-        self,
-        index: int,
-        req: PackedRequest,
-        hit: int,
-        anchor: Node | None,
-        plan: CheckpointPlan,
-        decoded: int = 0,
-    ) -> None:
-        self.index, self.req, self.hit, self.anchor, self.plan = index, req, hit, anchor, plan
+    def __init__(self, index: int, req: PackedRequest, hit: int, decoded: int = 0) -> None:
+        self.index, self.req, self.hit = index, req, hit
+        self.lease: Lease | None = None  # its hold on the cache, from admission to the end
         self.target = len(req.inp) + decoded
         self.done = hit  # prefill tokens whose KV exists (cached or prefilled)
         self.decoded = decoded  # output tokens produced
-        # Per attention group, the runs of pages allocated step by step; joined once at insert
-        # (concatenating at every decode step would copy the whole run each time).
-        self.kv: list[list[Pages]] = []
-        self.states: list[Pages] = []
+
+    @property
+    def held(self) -> Lease:
+        assert self.lease is not None, "a running request holds a lease"
+        return self.lease
+
+    @property
+    def holds_state(self) -> bool:
+        return self.lease is not None and self.lease.holds_state
 
     @property
     def prefilling(self) -> bool:
@@ -100,14 +97,3 @@ def record_step(
     stats.steps += 1
     stats.timeline.append((now, decode_batch, prefill, used, evictable, wasted, free))
     stats.held_by_kind.append((held[0], held[1]))
-
-
-def join(chunks: list[Pages]) -> Pages:
-    """One run of pages from many, joining pairwise (O(n log k) copies, not O(n k)).
-
-    Terminates: each pass halves the number of runs (rounding up) until one is left."""
-    while len(chunks) > 1:
-        pairs = zip(chunks[::2], chunks[1::2], strict=False)
-        joined = [a.concat(b) for a, b in pairs]
-        chunks = joined + ([chunks[-1]] if len(chunks) % 2 else [])
-    return chunks[0]

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.admission import SpeculativeAdmission
-from jenga_sglang.policies.base import EvictionPolicy
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import EvictionPolicy
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -58,10 +58,10 @@ def build(nodes: int, policy: EvictionPolicy, seed: int) -> PrefixCache:
 
 def time_evictions(cache: PrefixCache, evictions: int) -> float:
     """Evictions per second through the tree's evictor callback."""
-    kv = cache.tree.kv_types[0]
+    kv = cache.kv_types[0]
     start = time.perf_counter()
     for _ in range(evictions):
-        if not cache.tree.evict_for(kv):
+        if not cache.evict(kv):
             raise RuntimeError("ran out of victims: build a larger tree")
     return evictions / (time.perf_counter() - start)
 

@@ -47,10 +47,10 @@ from jenga_sglang.bench.engine_batch import Running
 from jenga_sglang.bench.engine_cache import EngineCache
 from jenga_sglang.bench.replay import PackedRequest
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.base import AdmissionPolicy, Branch, CheckpointPlan
 from jenga_sglang.policies.eviction import LruEviction
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import AdmissionPolicy, Branch, CheckpointPlan
 from jenga_sglang.radix.pages import PageKind, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -180,7 +180,7 @@ class FragmentationObserver(EngineObserver):
             self.stats.decode_tokens += decode_batch
         # A state is still wanted by a waiting request or a running one that has none yet
         # (under the study's rules every running request took its state when admitted).
-        self._sample(bool(engine.waiting) or any(not r.states for r in engine.running))
+        self._sample(bool(engine.waiting) or any(not r.holds_state for r in engine.running))
 
     def _empty(self, t: PageType) -> int:
         """Empty small pages of `t` inside carved large pages."""

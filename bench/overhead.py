@@ -151,7 +151,7 @@ def warm(native: Any, nodes: int, seed: int, tick: Callable[[], None]) -> None:
             if kv is None or state is None:
                 raise RuntimeError("the warm-up outgrew the pools")
             key = RadixKey(array("q", prompt))
-            got = native.tree.insert(InsertParams(key=key, value=kv, mamba_value=state))
+            got = native.tree_cache.insert(InsertParams(key=key, value=kv, mamba_value=state))
             if got.prefix_len:
                 allocator.free(kv[: got.prefix_len])  # the group head, cached already
             if got.mamba_exist:

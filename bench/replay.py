@@ -9,7 +9,7 @@ input tokens; FLOPs saved come from the model spec (F(hit) per request).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,29 @@ class ReplayStats:
             "tuning_cpu_s": self.tuning_cpu_s,
         }
 
+    def count(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        hit: int | None,
+        flops: Callable[[int], float],
+        states_planned: int = 0,
+        fits: bool = True,
+    ) -> None:
+        """Add one finished request. `hit`: the tokens it reused, None when it was not served
+        (SGLang rejects a request larger than its pool); `flops(n)`: the prefill FLOPs of n
+        tokens; `fits`: False when its pages could not be stored. Either failure counts it
+        among `uncached_requests`."""
+        self.requests += 1
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        self.flops_total += flops(input_tokens)
+        if hit is not None:
+            self.hit_tokens += hit
+            self.flops_saved += flops(hit)
+            self.states_planned += states_planned
+        self.uncached_requests += hit is None or not fits
+
     def finish_timing(self, start: float, cpu_start: float, tuner: AlphaTuner | None) -> None:
         """Set the time fields from perf_counter / process_time readings taken at the start."""
         self.tuning_s = tuner.log.seconds if tuner is not None else 0.0
@@ -111,14 +134,10 @@ def replay_sequential(
     start, cpu_start = time.perf_counter(), time.process_time()
     for i, req in enumerate(requests):
         res = cache.serve(req.inp, req.out, owner=i)
-        stats.requests += 1
-        stats.input_tokens += res.input_tokens
-        stats.output_tokens += len(req.out)
-        stats.hit_tokens += res.hit_tokens
-        stats.flops_saved += res.flops_saved
-        stats.flops_total += cache.cost.flops(res.input_tokens)
-        stats.states_planned += res.states_planned
-        stats.uncached_requests += not res.cached
+        flops = cache.cost.flops  # memoised spec.flops: res.flops_saved is flops(hit)
+        stats.count(
+            len(req.inp), len(req.out), res.hit_tokens, flops, res.states_planned, res.cached
+        )
         if tuner is not None:
             tuner.after_request(cache, req.inp, req.out, res)
         if check:

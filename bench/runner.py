@@ -176,8 +176,8 @@ def run(config: RunConfig) -> dict[str, Any]:
         "capacity_violations": int(getattr(memory, "capacity_violations", 0)),
         "alpha": float(cache.eviction.alpha),
         "tunings": tuner.log.tunings if tuner is not None else 0,
-        "evicted_nodes": cache.tree.evicted_nodes,
-        "evicted_states": cache.tree.evicted_states,
+        "evicted_nodes": cache.evicted_nodes,
+        "evicted_states": cache.evicted_states,
         "compiled": compiled(),  # the optional mypyc build (jenga_sglang/compiled.py) ran it
     }
     if isinstance(stats, EngineStats):

@@ -76,13 +76,13 @@ class SglangNativeCache:
         self.req_pool = pools.req_to_token_pool
         self.allocator = pools.allocator
         self._rid = 0
-        self.tree = _radix_cache(self.req_pool, self.allocator, spec, tree, self.extra_buffer)
+        self.tree_cache = _radix_cache(self.req_pool, self.allocator, spec, tree, self.extra_buffer)
         # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
         self._batch = SimpleNamespace(
             model_config=SimpleNamespace(
                 hf_text_config=SimpleNamespace(mamba_chunk_size=MAMBA_CHUNK)
             ),
-            tree_cache=self.tree,
+            tree_cache=self.tree_cache,
             req_to_token_pool=self.req_pool,
         )
 
@@ -114,9 +114,9 @@ class SglangNativeCache:
             origin_input_ids=array("q", inp),
             sampling_params=SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
         )
-        alloc_req_slots(self.req_pool, [req], self.tree)
-        req.init_next_round_input(self.tree)  # match_prefix, COW of the matched state
-        req.lock = self.tree.lock(req.last_node)  # as PrefillAdder does on admission
+        alloc_req_slots(self.req_pool, [req], self.tree_cache)
+        req.init_next_round_input(self.tree_cache)  # match_prefix, COW of the matched state
+        req.lock = self.tree_cache.lock(req.last_node)  # as PrefillAdder does on admission
         return req
 
     def prefill(self, req: Any, first_output: int | None) -> None:
@@ -126,7 +126,7 @@ class SglangNativeCache:
 
         total = len(req.origin_input_ids)
         if req.prefix_len > 0:  # alloc_for_extend: the hit's slots, read off the tree
-            prefix = self.tree.prefix_device_indices(req)
+            prefix = self.tree_cache.prefix_device_indices(req)
             self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
         while req.prefix_len < total:
             start = req.prefix_len
@@ -140,7 +140,7 @@ class SglangNativeCache:
                 ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(self._batch, req)
             if end == total and first_output is not None:
                 req.output_ids.append(first_output)  # the prefill's sampled token
-            checkpoint_kv_cache(req, self.tree)  # also moves prefix_len to extend_end
+            checkpoint_kv_cache(req, self.tree_cache)  # also moves prefix_len to extend_end
 
     def _decode(self, req: Any, inp: Sequence[int], out: Sequence[int]) -> None:
         """Decode steps 1..n-1: each writes the KV of the previous output token."""
@@ -164,7 +164,7 @@ class SglangNativeCache:
     def _alloc_kv(self, req: Any, start: int, end: int) -> None:
         from sglang.srt.mem_cache.allocation import alloc_token_slots
 
-        loc = alloc_token_slots(self.tree, end - start)  # evicts the tree's LRU leaves first
+        loc = alloc_token_slots(self.tree_cache, end - start)  # evicts the tree's LRU leaves first
         self.req_pool.write((req.kv.req_pool_idx, slice(start, end)), loc)
         req.kv.kv_committed_len = end
         req.kv.kv_allocated_len = end
@@ -175,13 +175,13 @@ class SglangNativeCache:
         from sglang.srt.mem_cache.common import release_kv_cache
 
         req.finished_reason = FINISH_LENGTH(length=n_out)
-        release_kv_cache(req, self.tree, checkpoint=True)
+        release_kv_cache(req, self.tree_cache, checkpoint=True)
 
     def usage(self) -> dict[str, int]:
         """Cached (evictable) KV tokens and Mamba states, and what is free, right now."""
         return {
-            "kv_cached_tokens": int(self.tree.full_evictable_size()),
-            "mamba_cached_states": int(self.tree.mamba_evictable_size()),
+            "kv_cached_tokens": int(self.tree_cache.full_evictable_size()),
+            "mamba_cached_states": int(self.tree_cache.mamba_evictable_size()),
             "kv_free_tokens": int(self.allocator.available_size()),
             "mamba_free_slots": int(self.req_pool.mamba_allocator.available_size()),
         }
@@ -233,14 +233,6 @@ def replay_native(
     start, cpu_start = time.perf_counter(), time.process_time()
     for req in requests:
         hit = cache.serve(req.inp.tolist(), req.out.tolist())
-        stats.requests += 1
-        stats.input_tokens += len(req.inp)
-        stats.output_tokens += len(req.out)
-        stats.flops_total += spec.flops(len(req.inp))
-        if hit is None:
-            stats.uncached_requests += 1
-            continue
-        stats.hit_tokens += hit
-        stats.flops_saved += spec.flops(hit)
+        stats.count(len(req.inp), len(req.out), hit, spec.flops)
     stats.finish_timing(start, cpu_start, None)
     return stats, cache

@@ -37,12 +37,12 @@ NO_TREE_FIELDS = {"alpha": 0.0, "tunings": 0, "evicted_nodes": 0, "evicted_state
 
 def _our_tree_fields(backend: Any) -> dict[str, Any]:
     """The fields a pure replay reports about our tree, read off the backend (`--via`)."""
-    tree = backend.cache.tree
+    cache = backend.cache
     return {
         "alpha": float(getattr(backend.cache.eviction, "alpha", 0.0)),
         "tunings": backend.tuner.log.tunings if backend.tuner is not None else 0,
-        "evicted_nodes": tree.evicted_nodes,
-        "evicted_states": tree.evicted_states,
+        "evicted_nodes": cache.evicted_nodes,
+        "evicted_states": cache.evicted_states,
     }
 
 
@@ -66,7 +66,7 @@ def run_native(
         **stats.fields(),
         "peak_bytes": split.kv_bytes + split.mamba_bytes,
         "capacity_violations": 0,
-        **(_our_tree_fields(cache.tree) if via else NO_TREE_FIELDS),
+        **(_our_tree_fields(cache.tree_cache) if via else NO_TREE_FIELDS),
         "via": via,
         "sglang_kv_tokens": split.kv_tokens,
         "sglang_mamba_slots": split.mamba_slots,

@@ -16,7 +16,7 @@ leaf-only
 
 from __future__ import annotations
 
-from jenga_sglang.policies.base import AdmissionPolicy, Branch, CheckpointPlan
+from jenga_sglang.radix.contracts import AdmissionPolicy, Branch, CheckpointPlan
 
 
 class SpeculativeAdmission(AdmissionPolicy):

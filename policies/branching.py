@@ -14,7 +14,7 @@ Two things follow, and `BranchLearningAdmission` acts on both.
 
 1. **Ghost branch points.** Once request k's pages are evicted the tree no longer holds its
    tokens, so request k + 1 seems to leave the tree at the shared prompt: no state is captured
-   at b_k+1 and request k + 2 misses too. A `GhostIndex` (radix/ghost.py) remembers the
+   at b_k+1 and request k + 2 misses too. A `GhostIndex` (policies/ghost.py) remembers the
    token ids of recently finished sequences; `recall` plans with the ghost's branch point
    when it lies deeper than the tree's, in the middle of a remembered sequence or at a
    junction of several, so the state is captured exactly there.
@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections import deque
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
-from jenga_sglang.policies.base import Branch, CheckpointPlan
-from jenga_sglang.radix.ghost import GhostIndex
+from jenga_sglang.policies.ghost import GhostIndex
+from jenga_sglang.radix.contracts import Branch, CheckpointPlan
 from jenga_sglang.radix.tokens import TokenSeq
 
 #: Default ghost capacity: 4M token ids, 16 MB of host memory.

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
-from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory
 from jenga_sglang.radix.pages import PageKind, PageType
 
@@ -35,7 +35,7 @@ class Bundle:
     eviction: Callable[[], EvictionPolicy]
     tuner: Callable[[], AlphaTuner | None]
     #: False: an insert may evict the request's own cached prefix (the reference simulator's
-    #: order, radix/cache.py `_insert_unlocked`); True: the prefix stays locked (a real engine).
+    #: order, radix/commit.py `insert_unlocked`); True: the prefix stays locked (a real engine).
     lock_prefix: bool = True
 
 

@@ -36,10 +36,10 @@ from collections.abc import Sequence
 
 from mypy_extensions import mypyc_attr
 
-from jenga_sglang.policies.base import EvictionPolicy, NodeCost
 from jenga_sglang.policies.bypass import BypassLearner
-from jenga_sglang.policies.cost import SpecNodeCost
 from jenga_sglang.policies.ranking import FirstRanked, Ranked
+from jenga_sglang.radix.contracts import EvictionPolicy, NodeCost
+from jenga_sglang.radix.cost import SpecNodeCost
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jenga_sglang.policies.base import NodeCost
-from jenga_sglang.policies.cost import SpecNodeCost
 from jenga_sglang.policies.eviction import FlopAwareEviction
+from jenga_sglang.radix.contracts import NodeCost
+from jenga_sglang.radix.cost import SpecNodeCost
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 

@@ -181,7 +181,7 @@ class AlphaTuner(ABC):
 
     @staticmethod
     def _evicted(cache: PrefixCache) -> bool:
-        return cache.tree.evicted_nodes + cache.tree.evicted_states > 0
+        return cache.evicted_nodes + cache.evicted_states > 0
 
 
 def tail_scores(

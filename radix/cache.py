@@ -1,21 +1,25 @@
 """The cache facade: one tree, one memory, one admission and one eviction policy.
 
-Both drivers use it: the simulator (sequential and engine replay) and the SGLang backend. It
-owns the logical clock, so recency is deterministic given the same request stream (identical
-decisions on every tensor-parallel rank).
+Every driver goes through it, never through the tree: the sequential simulator (`serve`), the
+engine replay and the SGLang backend. It owns the logical clock, so recency is deterministic
+given the same request stream (identical decisions on every tensor-parallel rank).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.base import AdmissionPolicy, CheckpointPlan, EvictionPolicy
-from jenga_sglang.policies.cost import SpecNodeCost
+from jenga_sglang.radix.commit import insert_extended, insert_unlocked, insert_walked
+from jenga_sglang.radix.contracts import AdmissionPolicy, CheckpointPlan, EvictionPolicy
+from jenga_sglang.radix.cost import SpecNodeCost
+from jenga_sglang.radix.lease import Lease
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 from jenga_sglang.radix.tree import RadixTree
@@ -34,6 +38,22 @@ class ServeResult(NamedTuple):
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class PrefixCache:
+    """The request lifecycle over one tree (radix/lease.py):
+
+    * `lookup(tokens)`: the longest reusable prefix, with no side effect but the walk's shape;
+    * `admit(tokens, found, ...)`: the request is taken: the hit is recorded for the eviction
+      policy, the admission plans its checkpoints, its prefix is locked; returns a `Lease`;
+    * `extend(lease, count)`: pages for `count` more tokens it computes (engine steps);
+    * `commit(lease, seq)`: store the planned part of input + output, along the walk the lease
+      holds (or, after other requests changed the tree, from its locked node down);
+    * `release(lease, seq)`: free what the lease still holds, unlock, and (`seq` given: the
+      request finished) hand the sequence to the policies.
+
+    `serve` is the sequential simulator written on these. The SGLang backend, whose scheduler
+    owns locks and pages, uses `lookup`/`admit` without a lock, `pin`/`unpin` for the nodes
+    SGLang locks, and `reach`/`store` to insert the slots SGLang computed.
+    """
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -44,7 +64,7 @@ class PrefixCache:
     ) -> None:
         self.spec = spec
         # False: a request's own cached prefix stays a candidate while its insert evicts, as in
-        # Marconi's reference simulator (the `marconi` bundles); see `_insert_unlocked`.
+        # Marconi's reference simulator (the `marconi` bundles); see radix/commit.py.
         self.lock_prefix = lock_prefix
         self.memory = memory
         self.eviction = eviction
@@ -63,15 +83,121 @@ class PrefixCache:
         self.clock += 1
         return self.clock
 
-    def match(self, tokens: TokenSeq, now: int | None = None) -> MatchResult:
-        """Longest reusable prefix; records the hit for the eviction policy."""
-        result = self.tree.match(tokens)
-        self.tree.touch(result, self.tick() if now is None else now)
-        return result
+    # ------------------------------------------------------------------ read-only figures
+
+    @property
+    def kv_types(self) -> tuple[PageType, ...]:
+        """The page type of each attention group, in the order pages are handed over."""
+        return self.tree.kv_types
+
+    @property
+    def state_type(self) -> PageType | None:
+        return self.tree.state_type
+
+    @property
+    def root(self) -> Node:
+        return self.tree.root
+
+    @property
+    def evicted_nodes(self) -> int:
+        return self.tree.evicted_nodes
+
+    @property
+    def evicted_states(self) -> int:
+        return self.tree.evicted_states
+
+    def nodes(self) -> Iterator[Node]:
+        """Every cached node (the root excluded)."""
+        return self.tree.nodes()
+
+    # ------------------------------------------------------------------ the lifecycle
+
+    def lookup(self, tokens: TokenSeq) -> MatchResult:
+        """Longest prefix of `tokens` every layer group can reuse. Records nothing: a driver
+        may look up a request it then leaves waiting."""
+        return self.tree.match(tokens)
+
+    def admit(
+        self,
+        tokens: TokenSeq,
+        found: MatchResult,
+        total_len: int | None = None,
+        *,
+        owner: int = 0,
+        lock: bool = False,
+        ahead: Walk | None = None,
+    ) -> Lease:
+        """Take a request whose input `tokens` `lookup` matched as `found`: record the hit,
+        plan its checkpoints for input + output of `total_len` tokens (None: plan nothing,
+        the driver decides what it inserts), and with `lock` protect its prefix until
+        `release`. `ahead`: the walk of the whole sequence the request will store, when
+        nothing changes the tree before its commit (sequential serving); the lock then covers
+        the part of it the plan stores."""
+        now = self.tick()
+        self.tree.touch(found, now)
+        plan = CheckpointPlan() if total_len is None else self.plan(tokens, found, total_len)
+        lease = Lease(tokens, found, plan, owner, now, ahead)
+        if lock:
+            lease._locked = True
+            if ahead is None:
+                lease._anchor = found.node
+                lease._start = _deepest_whole(found)
+            else:
+                path = ahead.prefix(plan.cache_len).path
+                lease._anchor = path[-1] if path else None
+            self.tree.lock(lease._anchor)
+        return lease
 
     def plan(self, tokens: TokenSeq, result: MatchResult, total_len: int) -> CheckpointPlan:
         branch = self.admission.recall(tokens, result.walk.branch())
         return self.admission.plan(branch, len(tokens), total_len, result.length)
+
+    def extend(self, lease: Lease, count: int) -> None:
+        """Pages for `count` more tokens of the request (and, first, its running SSM state).
+        Raises OutOfMemory when they do not fit after evicting; what was allocated before
+        stays with the lease."""
+        if self.tree.state_type is not None and not lease._states:
+            lease._states = self.allocate_states(1, lease._owner)
+        pages = self.allocate_kv(count, lease._owner)
+        if not lease._kv:
+            lease._kv = [[] for _ in pages]
+        for chunks, new in zip(lease._kv, pages, strict=True):
+            chunks.append(new)
+
+    def commit(self, lease: Lease, seq: TokenSeq, now: int | None = None) -> bool:
+        """Store the first `plan.cache_len` tokens of `seq` (input + output) with the pages the
+        lease computed (`extend`), or along the walk it was admitted with (`ahead`), allocating
+        what it lacks (radix/commit.py). False when they do not fit: `release` then frees what
+        the lease holds. `now`: the time of the insert (default: a new tick)."""
+        plan = lease.plan
+        if plan.cache_len == 0:
+            return False
+        now = self.tick() if now is None else now
+        key = seq.slice(0, plan.cache_len)
+        positions = plan.positions if self.tree.state_type is not None else ()
+        if not lease._locked:
+            lease.cached = insert_unlocked(self, lease, key, positions, now)
+        elif lease._kv:
+            lease.cached = insert_extended(self, lease, key, positions, now)
+        else:
+            lease.cached = insert_walked(self, lease, key, positions, now)
+        return lease.cached
+
+    def release(self, lease: Lease, seq: TokenSeq | None = None) -> None:
+        """Free the pages the lease still holds and unlock it. `seq` (input + output): the
+        request finished, and the policies learn of it; None: it is retracted, to start over
+        with a new lease."""
+        for ptype, chunks in zip(self.tree.kv_types, lease._kv, strict=False):
+            for pages in chunks:
+                if len(pages):
+                    self.memory.free(ptype, pages)
+        self.free(None, lease._states)
+        lease._kv, lease._states = [], []
+        self.tree.unlock(lease._anchor)
+        lease._anchor = lease._start = None
+        if seq is not None:
+            cached_len = lease.plan.cache_len if lease.cached else 0
+            self.finish(seq, cached_len, lease.plan.expendable_from)
 
     def finish(self, seq: TokenSeq, cached_len: int, expendable_from: int | None) -> None:
         """A request is done (`seq` = input + output, of which the tree got the first
@@ -82,6 +208,32 @@ class PrefixCache:
             if chain:
                 self.eviction.expend(chain)
         self.admission.finished(seq)
+
+    # ------------------------------------------------------------------ SGLang's side
+
+    def pin(self, node: Node | None) -> None:
+        """Lock `node` and its ancestors (SGLang's scheduler holds the node as its lock)."""
+        self.tree.lock(node)
+
+    def unpin(self, node: Node | None) -> None:
+        self.tree.unlock(node)
+
+    def reach(self, key: TokenSeq, start: Node | None = None) -> Walk:
+        """How much of `key` the tree holds: the walk a `store` of it then inserts along.
+        `start`: a node the caller holds locked on `key`'s path (`RadixTree.walk`)."""
+        return self.tree.walk(key, start)
+
+    def store(self, key: TokenSeq, walk: Walk, kv: list[Pages], states: dict[int, Pages]) -> Node:
+        """Insert `key` along `walk` (`reach`'s, the tree unchanged on its path since) with
+        the caller's pages for [walk.length, len(key)) and checkpoints; the node ending at
+        len(key)."""
+        return self.tree.insert(key, walk.length, kv, states, self.tick(), walk=walk)
+
+    def evict(self, ptype: PageType) -> bool:
+        """Evict the eviction policy's next victim, as the memory does when short of `ptype`."""
+        return self.tree.evict_for(ptype)
+
+    # ------------------------------------------------------------------ pages
 
     def allocate_kv(self, count: int, owner: int) -> list[Pages]:
         """Pages for `count` tokens in every attention group; all or nothing."""
@@ -102,123 +254,32 @@ class PrefixCache:
             return []
         return self.memory.alloc_each(state_type, count, owner)
 
+    # ------------------------------------------------------------------ sequential serving
+
     def serve(self, input_tokens: TokenSeq, output_tokens: TokenSeq, owner: int) -> ServeResult:
         """Serve one request to completion (Marconi's sequential method).
 
-        match(input) -> plan checkpoints -> compute the missing tokens -> insert(input + output).
-        The tokens the tree already holds stay locked while the new pages are allocated, so
-        eviction cannot pull the prefix out from under the insert.
+        lookup(input) -> admit (plan checkpoints) -> compute the missing tokens -> commit
+        (input + output) -> release. The tokens the tree already holds stay locked while the
+        new pages are allocated, so eviction cannot pull the prefix out from under the insert.
         """
-        now = self.tick()
         seq = input_tokens.concat(output_tokens)
         # One walk of input + output serves the match (its first len(input) tokens) and the
         # insert (its first cache_len tokens): the insert's path stays locked in between.
         walk = self.tree.walk(seq)
-        result = self.tree.match_walk(walk.prefix(len(input_tokens)))
-        self.tree.touch(result, now)
-        plan = self.plan(input_tokens, result, len(seq))
-        positions = plan.positions if self.tree.state_type is not None else ()
-        hit = result.length
+        found = self.tree.match_walk(walk.prefix(len(input_tokens)))
+        lease = self.admit(
+            input_tokens, found, len(seq), owner=owner, lock=self.lock_prefix, ahead=walk
+        )
+        positions = lease.plan.positions if self.tree.state_type is not None else ()
+        hit = found.length
         scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
-        if plan.cache_len == 0:
-            cached = False
-        elif self.lock_prefix:
-            cached = self._insert(seq, walk, plan, positions, now, owner)
-        else:
-            key = seq.slice(0, plan.cache_len)
-            cached = self._insert_unlocked(input_tokens, key, hit, positions, now, owner)
-        self.finish(seq, plan.cache_len if cached else 0, plan.expendable_from)
+        cached = self.commit(lease, seq, now=lease._now)
+        self.release(lease, seq)
         return ServeResult(*scored, cached=cached)
 
-    def _insert(
-        self,
-        seq: TokenSeq,
-        walk: Walk,
-        plan: CheckpointPlan,
-        positions: tuple[int, ...],
-        now: int,
-        owner: int,
-    ) -> bool:
-        """Allocate the pages `plan` needs beyond what `walk` found and insert; False when they
-        do not fit."""
-        key = seq.slice(0, plan.cache_len)
-        walk = walk.prefix(plan.cache_len)
-        anchor = walk.path[-1] if walk.path else None
-        self.tree.lock(anchor)
-        try:
-            kv = self.allocate_kv(len(key) - walk.length, owner)
-            try:
-                states = self.allocate_states(len(positions), owner)
-            except OutOfMemory:
-                for ptype, pages in zip(self.tree.kv_types, kv, strict=True):
-                    self.memory.free(ptype, pages)
-                raise
-        except OutOfMemory:
-            self.tree.unlock(anchor)
-            return False
-        mapping = dict(zip(positions, states, strict=True))
-        self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
-        self.tree.unlock(anchor)
-        return True
-
-    def _insert_unlocked(
-        self,
-        inp: TokenSeq,
-        key: TokenSeq,
-        hit: int,
-        positions: tuple[int, ...],
-        now: int,
-        owner: int,
-    ) -> bool:
-        """`_insert` without the lock: the reference simulator evicts before it inserts and
-        counts every node among the candidates, the request's own prefix included. An eviction
-        that takes part of the prefix leaves more of the key to store, and may remove the node
-        the planned branch checkpoint would have split (the reference then needs no branch
-        state): walk again, re-plan, and allocate what is now missing, until nothing is.
-
-        Terminates: inside the loop the tree only loses nodes, so the walk only shortens and
-        `held` only grows (to at most len(key)); once the walk stops shortening the plan is
-        fixed, and one more pass allocates exactly what it lacks."""
-        kv: list[Pages] | None = None
-        states: list[Pages] = []
-        held = 0  # tokens [len(key) - held, len(key)) have pages in `kv`
-        walked = -1
-        try:
-            while True:
-                walk = self.tree.walk(key)
-                if walk.length != walked and walked >= 0:
-                    positions = self._replan(inp, walk, hit, len(key))
-                walked = walk.length
-                missing = len(key) - walk.length - held
-                if missing > 0:
-                    more = self.allocate_kv(missing, owner)
-                    kv = (
-                        more if kv is None else [m.concat(k) for m, k in zip(more, kv, strict=True)]
-                    )
-                    held += missing
-                    continue  # the KV allocation may have evicted part of the prefix
-                while len(states) > len(positions):
-                    self._free(None, [states.pop()])
-                if len(states) < len(positions):
-                    states += self.allocate_states(len(positions) - len(states), owner)
-                    continue  # so may the states'
-                break
-        except OutOfMemory:
-            self._free(kv, states)
-            return False
-        if kv is None:
-            kv = self.allocate_kv(0, owner)
-        mapping = dict(zip(positions, states, strict=True))
-        self.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
-        return True
-
-    def _replan(self, inp: TokenSeq, walk: Walk, hit: int, total: int) -> tuple[int, ...]:
-        """Checkpoint positions for the tree as it now is (the prefill already ran from `hit`)."""
-        branch = self.admission.recall(inp, walk.prefix(len(inp)).branch())
-        plan = self.admission.plan(branch, len(inp), total, hit)
-        return plan.positions if self.tree.state_type is not None else ()
-
-    def _free(self, kv: list[Pages] | None, states: list[Pages] | None) -> None:
+    def free(self, kv: list[Pages] | None, states: list[Pages] | None) -> None:
+        """Give back pages that never reached the tree: one run per attention group, states."""
         for ptype, pages in zip(self.tree.kv_types, kv or [], strict=False):
             self.memory.free(ptype, pages)
         state_type = self.tree.state_type
@@ -228,3 +289,13 @@ class PrefixCache:
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()
+
+
+def _deepest_whole(found: MatchResult) -> Node | None:
+    """The deepest node of the hit's path that the hit covers whole: a later walk of the same
+    request's tokens may start below it (its last node may extend past the hit on another
+    sequence when no Mamba group ends hits at node ends)."""
+    for node in reversed(found.path):
+        if node.end <= found.length:
+            return node
+    return None

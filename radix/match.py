@@ -7,7 +7,7 @@ tuple's constructor stays a Python-level call.
 
 from __future__ import annotations
 
-from jenga_sglang.policies.base import Branch
+from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
 
@@ -33,6 +33,11 @@ class Walk:
         if n >= self.length:
             return self
         return Walk(n, tuple(node for node in self.path if node.start < n))
+
+    def checkpoints(self) -> set[int]:
+        """Positions up to `length` where the path holds an SSM checkpoint (the last node may
+        end past `length`, on another sequence: its state is not one of them)."""
+        return {n.end for n in self.path if n.state is not None and n.end <= self.length}
 
     def branch(self) -> Branch:
         if not self.path:

@@ -2,7 +2,10 @@
 
 Each node holds the KV pages of its edge for every attention group and at most one SSM
 checkpoint valid at its end (see node.py). The tree is framework-free: pages come from a
-`CacheMemory`, victims from an `EvictionPolicy`, hit rules from the model spec (rules.py).
+`CacheMemory`, victims from an `EvictionPolicy` (contracts.py), hit rules from the model spec
+(rules.py). This module holds the tree's state, its walk and match, its locks and the split
+every change of shape goes through; what adds to it is in insert.py, what takes from it in
+evict.py, and the check of the invariants below in integrity.py.
 
 Invariants (checked by `check_integrity`, in integrity.py):
 * links: every child is keyed by its first token, `start == parent.end`,
@@ -33,7 +36,9 @@ from collections.abc import Iterator
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
-from jenga_sglang.policies.base import EvictionPolicy
+from jenga_sglang.radix.contracts import EvictionPolicy
+from jenga_sglang.radix.evict import drop_state, evict_for, evict_leaf
+from jenga_sglang.radix.insert import chain_below, insert
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, Evictor
@@ -124,7 +129,7 @@ class RadixTree(Evictor):
         the last of them when it holds that token itself."""
         inner = run.inner
         cuts = [at for at, _ in inner[: _below(inner, stop) + 1]]  # and the first past `stop`
-        chain = [self._split(run, at - run.start) for at in cuts]
+        chain = [self.split(run, at - run.start) for at in cuts]
         if run.start < stop:
             chain.append(run)
         return chain
@@ -188,7 +193,7 @@ class RadixTree(Evictor):
             assert self.state_type is not None
             _mark(self.memory, self.state_type, state, used)
 
-    # ------------------------------------------------------------------ insert
+    # ------------------------------------------------------------------ insert (insert.py)
 
     def insert(
         self,
@@ -199,241 +204,17 @@ class RadixTree(Evictor):
         now: int,
         walk: Walk | None = None,
     ) -> Node:
-        """Cache `key`. The caller hands over pages it owns (used pages):
-
-            key:  [0 ........ start) [start .................... len(key))
-                   pages borrowed     kv[g]: the caller's pages (sliding-window groups may
-                   from the tree      have dropped a leading run: tombstones)
-
-        Positions the tree already holds are kept and the caller's duplicates freed; new
-        positions become a new leaf. `states` maps exact positions p in (0, len(key)] to a
-        one-page SSM checkpoint valid after tokens [0, p): the tree splits a node so that one
-        ends at p (the state stays with the node whose end it represents). Returns the node
-        ending at len(key). Bad input raises ValueError before anything changes.
-
-        `walk` may pass `self.walk(key)` when the caller has it (the tree must not have changed
-        along its path since: e.g. its last node was locked meanwhile).
-        """
-        self._validate_insert(key, start, kv, states)
-        if walk is None:
-            walk = self.walk(key)
-        if walk.length < start:
-            raise ValueError(
-                f"insert claims {start} cached tokens but the tree holds only {walk.length} "
-                "(lock the matched prefix while computing the rest)"
-            )
-        node = self._node_ending_at(walk)
-        kv = self._free_duplicates(key, start, walk.length, kv)
-        held = {p: st for p, st in states.items() if p <= walk.length}
-        if walk.length < len(key):
-            if self._can_grow(node, kv):
-                self._grow_leaf(node, key.slice(walk.length), kv, now)
-                held = dict(states)  # the grown leaf is split at its checkpoints below
-            else:
-                new = {p - walk.length: st for p, st in states.items() if p > walk.length}
-                node = self._add_leaf(node, key.slice(walk.length), kv, now, new)
-        self._attach_states(key, held, now)
-        return node
-
-    def _validate_insert(
-        self, key: TokenSeq, start: int, kv: list[Pages], states: dict[int, Pages]
-    ) -> None:
-        if not isinstance(key, TokenSeq):
-            raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
-        size = len(key)
-        if size == 0:
-            raise ValueError("insert of an empty key")
-        if not 0 <= start <= size:
-            raise ValueError(f"start {start} outside [0, {size}]")
-        if len(kv) != len(self.attention):
-            raise ValueError(
-                f"expected pages for {len(self.attention)} attention groups, got {len(kv)}"
-            )
-        span = size - start
-        for slot, group in enumerate(self.attention):
-            count = len(kv[slot])
-            if count > span or (group.window is None and count < span):
-                raise ValueError(f"group {group.name}: {count} pages for {span} new tokens")
-        for pos, state in states.items():
-            if self.state_type is None:
-                raise ValueError("states given but the model has no Mamba group")
-            if not 0 < pos <= size:
-                raise ValueError(f"checkpoint position {pos} outside (0, {size}]")
-            if len(state) != 1:
-                raise ValueError(f"a checkpoint is one state page, got {len(state)}")
-
-    def _node_ending_at(self, walk: Walk) -> Node:
-        """The node ending exactly where `walk` stops, splitting its last node if needed."""
-        if not walk.path:
-            return self.root
-        last = walk.path[-1]
-        if last.end > walk.length:
-            return self._split(last, walk.length - last.start)
-        return last
-
-    def _descend_splitting(
-        self, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
-    ) -> Node:
-        """The node ending exactly at `length` along `key` (which the tree holds), splitting.
-
-        Starts from `node`, which ends at `pos` on the same path (the root by default).
-        """
-        node = self.root if node is None else node
-        while pos < length:
-            child = node.children[key.head(pos)]
-            if pos + len(child.key) > length:
-                child = self._split(child, length - pos)
-            node, pos = child, pos + len(child.key)
-        return node
+        """Cache `key`, the caller's pages for [start, len(key)) and its checkpoints; the node
+        ending at len(key) (radix/insert.py `insert`)."""
+        return insert(self, key, start, kv, states, now, walk)
 
     def chain_below(self, key: TokenSeq, at: int) -> list[Node]:
-        """The nodes holding `key`'s tokens [at, len(key)), top-down, when nothing else passes
-        there (each has one child, the last is a leaf ending at len(key)); else []. The node
-        holding position `at` is split so that a node starts exactly there. The tree must
-        hold all of `key` (it was just inserted)."""
-        if not 0 < at < len(key):
-            return []
-        node = self._descend_splitting(key, at)
-        chain: list[Node] = []
-        while node.end < len(key):
-            if chain and len(node.children) != 1:
-                return []
-            node = node.children[key.head(node.end)]
-            chain.append(node)
-        return chain if chain and not chain[-1].children else []
+        """The nodes holding only `key`'s tokens [at, len(key)) (radix/insert.py)."""
+        return chain_below(self, key, at)
 
-    def _attach_states(self, key: TokenSeq, states: dict[int, Pages], now: int) -> None:
-        """Attach checkpoints in one walk down the path (positions ascending)."""
-        node, pos = self.root, 0
-        for at in sorted(states):
-            node = self._descend_splitting(key, at, node, pos)
-            pos = at
-            self._attach_state(node, states[at], now)
+    # ------------------------------------------------------------------ shape
 
-    def _free_duplicates(
-        self, key: TokenSeq, start: int, present: int, kv: list[Pages]
-    ) -> list[Pages]:
-        """Free the caller's pages for [start, present) and return those for [present, end)."""
-        span = len(key) - start
-        dup = present - start
-        rest: list[Pages] = []
-        for slot, ptype in enumerate(self.kv_types):
-            pages = kv[slot]
-            dropped = span - len(pages)  # sliding-window tombstones lead the span
-            cut = max(0, dup - dropped)
-            head, tail = pages.split(cut)
-            if len(head):
-                self.memory.free(ptype, head)
-            rest.append(tail)
-        return rest
-
-    def _add_leaf(
-        self,
-        parent: Node,
-        key: TokenSeq,
-        kv: list[Pages],
-        now: int,
-        states: dict[int, Pages] | None = None,
-    ) -> Node:
-        """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
-
-        `states` maps offsets into `key` (0 < offset <= len(key)) to checkpoints. Building the
-        chain directly gives the nodes, pages and ids that adding one leaf and splitting it at
-        each offset in turn would (the leaf takes the first id, the nodes above it the next
-        ones top-down), without re-slicing the leaf once per checkpoint. A tree that keeps runs
-        makes them one leaf with inner checkpoints instead.
-        """
-        states = states or {}
-        cuts = sorted(at for at in states if at < len(key))
-        inner: tuple[tuple[int, Pages], ...] = ()
-        if self.keeps_runs and cuts:
-            inner = tuple((parent.end + at, states[at]) for at in cuts)
-            cuts = []
-        for slot, ptype in enumerate(self.kv_types):
-            if len(kv[slot]):
-                self.memory.mark_evictable(ptype, kv[slot])
-        leaf_id = self._new_id()
-        tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
-        chain: list[Node] = []
-        node, pos = parent, 0
-        for cut in cuts:
-            upper_kv: list[Pages] = []
-            upper_tomb: list[int] = []
-            for slot, pages in enumerate(kv):
-                upper_tomb.append(min(tombstones[slot], cut - pos))
-                head, kv[slot] = pages.split(cut - pos - upper_tomb[-1])
-                upper_kv.append(head)
-                tombstones[slot] -= upper_tomb[-1]
-            upper = Node(self._new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
-            node.children[key.head(pos)] = upper
-            chain.append(upper)
-            node, pos = upper, cut
-        leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
-        node.children[key.head(pos)] = leaf
-        chain.append(leaf)
-        leaf.inner = inner
-        for _, checkpoint in inner:
-            assert self.state_type is not None
-            self.memory.mark_evictable(self.state_type, checkpoint)
-        for created in chain:
-            state = states.get(created.end - parent.end)
-            if state is not None:
-                # `_attach_state` on a fresh, unlocked node without a state: no checks needed
-                assert self.state_type is not None
-                created.state = state
-                self.memory.mark_evictable(self.state_type, state)
-            self.policy.update(created)
-        if parent is not self.root:
-            self.policy.update(parent)
-        return leaf
-
-    def _can_grow(self, node: Node, kv: list[Pages]) -> bool:
-        """Whether new tokens after `node` extend its edge instead of hanging a child on it.
-
-        With a Mamba group a hit ends only at a checkpoint, so the end of a leaf without one
-        is no reuse point: it exists only because the tokens arrived in two inserts (SGLang
-        checkpoints a running request's prefill, then inserts its decode when it finishes).
-        Growing the leaf keeps the tree what one insert of the whole sequence would build, so
-        eviction weighs the same nodes whichever driver filled it. Not with sliding-window
-        tombstones in the new pages (a node's tombstones must lead its edge).
-        """
-        return (
-            self.state_type is not None
-            and node is not self.root
-            and node.is_leaf
-            and node.state is None
-            and all(t == 0 for t in node.tombstones)
-            and all(len(pages) == len(kv[0]) for pages in kv)
-        )
-
-    def _grow_leaf(self, node: Node, key: TokenSeq, kv: list[Pages], now: int) -> None:
-        """Append `key` and its pages (the caller's, used) to the stateless leaf `node`."""
-        if len(kv[0]) != len(key):
-            raise AssertionError(f"growing {node!r} by {len(key)} tokens with {len(kv[0])} pages")
-        for slot, ptype in enumerate(self.kv_types):
-            pages = kv[slot]
-            node.kv[slot] = node.kv[slot].concat(pages)
-            if node.lock_ref == 0 and len(pages):
-                self.memory.mark_evictable(ptype, pages)
-        node.key = node.key.concat(key)
-        node.end += len(key)
-        node.last_access = max(node.last_access, now)
-        self.policy.update(node)
-
-    def _attach_state(self, node: Node, state: Pages, now: int) -> None:
-        assert self.state_type is not None
-        if node is self.root or node.state is not None:
-            self.memory.free(self.state_type, state)  # already checkpointed there
-            return
-        node.state = state
-        # Admitting a checkpoint is an access: a branch point split out of an old edge would
-        # otherwise keep that edge's old time and look stale the moment it becomes useful.
-        node.last_access = max(node.last_access, now)
-        if node.lock_ref == 0:
-            self.memory.mark_evictable(self.state_type, state)
-        self.policy.update(node)
-
-    def _split(self, node: Node, at: int) -> Node:
+    def split(self, node: Node, at: int) -> Node:
         """Cut `node`'s edge after `at` tokens; returns the new upper node.
 
         The SSM checkpoint stays with `node`: it is valid at node.end, which does not move. A
@@ -450,7 +231,7 @@ class RadixTree(Evictor):
             node.kv[slot] = tail
             node.tombstones[slot] = max(0, tomb - at)
         upper = Node(
-            self._new_id(),
+            self.new_id(),
             node.key.slice(0, at),
             node.parent,
             upper_kv,
@@ -470,115 +251,23 @@ class RadixTree(Evictor):
         self.policy.update(node)
         return upper
 
-    def _new_id(self) -> int:
+    def new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
 
-    # ------------------------------------------------------------------ eviction
+    # ------------------------------------------------------------------ eviction (evict.py)
 
     def evict_for(self, ptype: PageType) -> bool:
         """Evictor callback of the memory: evict the policy's next victim."""
-        victim = self.policy.victim()
-        if victim is None:
-            return False
-        if victim.children:
-            self.drop_state(victim)
-        elif victim.inner:
-            self._evict_last_segment(victim)
-        else:
-            self.evict_leaf(victim)
-        return True
+        return evict_for(self, ptype)
 
     def evict_leaf(self, node: Node) -> None:
         """Free everything an unlocked leaf holds and remove it (a run: all its segments)."""
-        if node is self.root or node.children or node.lock_ref:
-            raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
-        for slot, ptype in enumerate(self.kv_types):
-            if len(node.kv[slot]):
-                self.memory.free_evictable(ptype, node.kv[slot])
-        states = [state for _, state in node.inner]
-        if node.state is not None:
-            states.append(node.state)
-        for state in states:
-            assert self.state_type is not None
-            self.memory.free_evictable(self.state_type, state)
-        self.evicted_states += len(states)
-        parent = node.parent
-        assert parent is not None
-        del parent.children[node.key.head(0)]
-        node.parent = None
-        self.policy.remove(node)
-        self.evicted_nodes += 1 + len(node.inner)
-        if parent is not self.root:
-            self.policy.update(parent)
-
-    def _evict_last_segment(self, run: Node) -> None:
-        """Evict the chain's leaf out of an unlocked leaf run: the pages and state of
-        [last inner checkpoint, end). The run then ends at that checkpoint, with its state."""
-        if run.children or run.lock_ref or not run.inner:
-            raise ValueError(f"cannot evict the last segment of {run!r}: not an unlocked leaf run")
-        at, state = run.inner[-1]
-        keep = at - run.start
-        for slot, ptype in enumerate(self.kv_types):
-            tomb = run.tombstones[slot]
-            head, tail = run.kv[slot].split(max(0, keep - tomb))
-            if len(tail):
-                self.memory.free_evictable(ptype, tail)
-            run.kv[slot] = head
-            run.tombstones[slot] = min(tomb, keep)
-        if run.state is not None:
-            assert self.state_type is not None
-            self.memory.free_evictable(self.state_type, run.state)
-            self.evicted_states += 1
-        run.state = state
-        run.inner = run.inner[:-1]
-        run.key = run.key.truncated(keep)  # no copy: the key only ever shrinks from here
-        run.end = at
-        self.evicted_nodes += 1
-        # No policy update: a policy that evicts runs ranks by what all segments share, none of
-        # which changed (the chain's next leaf up takes the evicted one's place).
+        evict_leaf(self, node)
 
     def drop_state(self, node: Node) -> None:
-        """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
-
-        With one child the node disappears: the child absorbs its edge and KV (Marconi). With
-        more children the node stays as the branch point, without a state.
-        """
-        if node.lock_ref or not node.children or node.state is None:
-            raise ValueError(
-                f"cannot drop the state of {node!r}: needs an unlocked inner node with a checkpoint"
-            )
-        assert self.state_type is not None and node.parent is not None
-        self.memory.free_evictable(self.state_type, node.state)
-        node.state = None
-        self.evicted_states += 1
-        if len(node.children) == 1:
-            self._merge_into_child(node)
-        else:
-            self.policy.update(node)
-
-    def _merge_into_child(self, node: Node) -> None:
-        assert node.parent is not None
-        (child,) = node.children.values()
-        for slot, ptype in enumerate(self.kv_types):
-            if child.tombstones[slot]:
-                # The child's leading pages are gone, so no hit beyond node.end can use the
-                # node's window pages either: they become tombstones too.
-                if len(node.kv[slot]):
-                    self.memory.free_evictable(ptype, node.kv[slot])
-                child.tombstones[slot] += len(node.key)
-            else:
-                child.kv[slot] = node.kv[slot].concat(child.kv[slot])
-                child.tombstones[slot] = node.tombstones[slot]
-        child.key = node.key.concat(child.key)
-        child.inner = node.inner + child.inner
-        child.parent = node.parent
-        child.start = node.start
-        node.parent.children[child.key.head(0)] = child
-        node.parent = None
-        node.children = {}
-        self.policy.remove(node)
-        self.policy.update(child)
+        """Evict an inner node's checkpoint, keeping its KV (radix/evict.py)."""
+        drop_state(self, node)
 
     # ------------------------------------------------------------------ integrity
 

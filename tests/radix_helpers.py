@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, MlpGroup, ModelSpec
 from jenga_sglang.policies.admission import SpeculativeAdmission
-from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import LruEviction
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.radix.memory import ByteBudget
 from jenga_sglang.radix.tokens import TokenSeq
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from radix_helpers import hybrid_spec, make_cache, seq, toks
 
-from jenga_sglang.policies.base import Branch
 from jenga_sglang.policies.branching import BranchLearningAdmission
 from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 

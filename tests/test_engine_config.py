@@ -15,7 +15,6 @@ from jenga_sglang.bench.engine_batch import Running, reserve_tokens
 from jenga_sglang.bench.engine_cache import EngineCache
 from jenga_sglang.bench.replay import pack
 from jenga_sglang.bench.trace import Request
-from jenga_sglang.policies.base import CheckpointPlan
 from jenga_sglang.radix.pages import PageType
 from tests.test_engine import COST, KV, STATE, cache_of, two_strangers
 
@@ -55,13 +54,13 @@ def test_config_rejects_unknown_rules(field: str, value: object) -> None:
 
 def test_reserve_in_tokens_or_as_a_fraction_of_the_remaining_output() -> None:
     (req,) = pack([Request(0, 0, 0.0, list(range(10)), list(range(100, 109)))])
-    fresh = Running(0, req, 0, None, CheckpointPlan())
+    fresh = Running(0, req, 0)
     tokens = EngineConfig(decode_reserve_tokens=4)
     fraction = EngineConfig(reserve="fraction", decode_reserve_fraction=0.5)
     assert reserve_tokens(fresh, tokens, retracted=False) == 10 + 4
     assert reserve_tokens(fresh, tokens, retracted=True) == 10 + 9  # its whole output
     assert reserve_tokens(fresh, fraction, retracted=False) == 10 + 5  # 4.5 rounds up
-    back = Running(0, req, 0, None, CheckpointPlan(), decoded=3)  # re-prefills 3 more tokens
+    back = Running(0, req, 0, decoded=3)  # re-prefills 3 more tokens
     assert back.target == 13
     assert reserve_tokens(back, fraction, retracted=True) == 13 + 3
 

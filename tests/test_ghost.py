@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jenga_sglang.radix.ghost import GhostIndex
+from jenga_sglang.policies.ghost import GhostIndex
 from jenga_sglang.radix.tokens import TokenSeq
 
 

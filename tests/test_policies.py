@@ -10,12 +10,12 @@ from jenga_sglang.policies.admission import (
     LeafOnlyAdmission,
     SpeculativeAdmission,
 )
-from jenga_sglang.policies.base import Branch
 from jenga_sglang.policies.bundles import BUNDLES, build_cache, bundle, byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.replay_grid import GridRunner, run_grid_inline
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, Objective, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.tokens import TokenSeq
 
 # ---------------------------------------------------------------- admission

@@ -65,7 +65,8 @@ class World:
         if kind == "serve":
             self.cache.serve(TokenSeq.of(action[1]), TokenSeq.of(action[2]), self.owner)
         elif kind == "match":
-            self.cache.match(TokenSeq.of(action[1]))
+            key = TokenSeq.of(action[1])
+            self.cache.admit(key, self.cache.lookup(key))
         elif kind == "lock":
             node = tree.match(TokenSeq.of(action[1])).node
             if node is not None:

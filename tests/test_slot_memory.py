@@ -29,7 +29,8 @@ def _cache(shared: bool) -> tuple[PrefixCache, SlotMemory]:
     kv = cache.allocate_kv(10, owner=0)
     states = cache.allocate_states(2, owner=0)
     cache.tree.insert(key, 0, kv, {4: states[0], 10: states[1]}, cache.tick())
-    cache.match(key)  # refreshes the deepest node: the checkpoint at 4 is the oldest candidate
+    # A look-up refreshes the deepest node: the checkpoint at 4 is the oldest candidate.
+    cache.admit(key, cache.lookup(key))
     return cache, memory
 
 

@@ -11,6 +11,11 @@ The tree's KV pages *are* SGLang's KV slot indices and its SSM states are Mamba 
 (`SlotMemory` adopts them); evicting gives them back to SGLang's allocators. Hits follow our
 per-layer-type rules: with a Mamba group a hit ends at a node that holds a checkpoint.
 
+The backend drives the tree only through `PrefixCache` (radix/cache.py). Beside it:
+sglang_slots.py builds the memory from SGLang's pools (capacities, give-back, room, evictions),
+slot_tree.py moves slots in and out of the tree (adoption, row repointing, path ids) and
+request_path.py holds the request path (`checkpoint`, `on_release`).
+
 Build it without a scheduler from the same `CacheInitParams` SGLang's `UnifiedRadixCache` takes
 (pools on device="cpu" work once `set_global_server_args_for_scheduler` was called):
 
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -42,23 +46,23 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
 from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_rows
-from jenga_sglang.binding.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.mamba_state import StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
 from jenga_sglang.binding.options import JengaOptions
-from jenga_sglang.binding.plans import Planned, RequestPlans
+from jenga_sglang.binding.plans import Planned, RequestPlans, key_tokens, will_decode
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
-from jenga_sglang.binding.slot_ids import Ids, page_ids
-from jenga_sglang.binding.slot_memory import SlotMemory
+from jenga_sglang.binding.request_path import RequestPath
+from jenga_sglang.binding.sglang_slots import SglangSlots
+from jenga_sglang.binding.slot_tree import SlotTree
 from jenga_sglang.binding.tp_share import share_channel
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import PageKind, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
 
-class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no types
+class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sglang: no types
     """SGLang prefix cache backed by jenga-sglang's heterogeneous radix tree.
 
     Deterministic given the same call sequence (logical clock, no wall time), so every tensor-
@@ -88,28 +92,13 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = 1
         self.disable = params.disable
-        self.device = torch.device(getattr(self.token_to_kv_pool_allocator, "device", "cpu"))
-        self.kv_type = PageType(PageKind.KV, spec.groups.index(spec.attention_groups[0]))
-        self.state_type = (
-            PageType(PageKind.STATE, spec.groups.index(spec.mamba_groups[0]))
-            if spec.has_mamba
-            else None
-        )
-        # SGLang's unified pool (--enable-unified-memory) offers a "Mamba/Full donor": KV and
-        # states share one byte buffer. Then our memory models one shared budget, and the
-        # engine's own free counts say when an allocation fits (SlotMemory.make_room).
-        donor = getattr(self.token_to_kv_pool_allocator, "mamba_full_cache_donor", None)
-        self._donor = donor() if callable(donor) and self.state_type is not None else None
-        capacity, page_bytes = self._capacity(), self._page_bytes()
-        shared = max(n * page_bytes[t] for t, n in capacity.items()) if self._donor else None
-        self.memory = SlotMemory(capacity, page_bytes, self._give_back, shared, self._room)
-        attach = getattr(self._donor, "attach_tree_states", None)
-        state_type = self.state_type
-        if callable(attach) and state_type is not None:  # the Jenga pool (pool/shared.py):
-            attach(lambda: self.memory.held(state_type))  # its reserve nets request-held states
+        self.slots = SglangSlots(params, spec)
+        self.device, self.memory = self.slots.device, self.slots.memory
+        self.kv_type, self.state_type = self.slots.kv_type, self.slots.state_type
         self.cache = PrefixCache(
             spec, self.memory, build_eviction(options), build_admission(options, spec)
         )
+        self.slot_tree = SlotTree(self.cache, self.slots)
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
             StateHandOver(
@@ -121,7 +110,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         # In-pass capture (binding/captures.py): the forward writes planned states into slots
         # allocated when the batch is built; without it the prefill is cut at each position.
         self.captures = (
-            PendingCaptures(self._try_alloc_state, self._free_states)
+            PendingCaptures(self._try_alloc_state, self.slots.free_states)
             if inpass and self.handover is not None
             else None
         )
@@ -139,18 +128,12 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
 
     def snapshot(self) -> Snapshot:
         """Cumulative hit tokens and states admitted/evicted, current alpha and pool bytes."""
-        pool: dict[tuple[str, str], int] = {}
-        for ptype in self.memory.page_types:
-            use = self.memory.usage(ptype)
-            size = self.memory.page_bytes(ptype)
-            pool[(str(ptype), "used")] = use.used * size
-            pool[(str(ptype), "evictable")] = use.evictable * size
         return Snapshot(
             hit_tokens=self.hit_tokens,
             states_admitted=self.states_admitted,
-            states_evicted=self.cache.tree.evicted_states,
+            states_evicted=self.cache.evicted_states,
             alpha=float(getattr(self.cache.eviction, "alpha", 0.0)),
-            pool_bytes=pool,
+            pool_bytes=self.slots.pool_bytes(),
             rewriting=bool(getattr(self.cache.admission, "rewriting", False)),
             ghost_branches=int(getattr(self.cache.admission, "ghost_branches", 0)),
             captures=0 if self.captures is None else self.captures.taken,
@@ -165,74 +148,27 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             self.metrics.sync(self.snapshot())
 
     # ------------------------------------------------------------------ memory glue
-
-    def _capacity(self) -> dict[PageType, int]:
-        cap = {self.kv_type: int(self.token_to_kv_pool_allocator.size)}
-        if self.state_type is not None:
-            cap[self.state_type] = int(self.req_to_token_pool.mamba_pool.size)
-        return cap
-
-    def _page_bytes(self) -> dict[PageType, int]:
-        sizes = {self.kv_type: self.spec.attention_groups[0].kv_bytes_per_token}
-        if self.state_type is not None:
-            sizes[self.state_type] = self.spec.state_bytes
-        return sizes
-
-    def _give_back(self, ptype: PageType, ids: Ids) -> None:
-        index = torch.from_numpy(ids).to(self.device)
-        if ptype == self.kv_type:
-            self.token_to_kv_pool_allocator.free(index)
-        else:
-            self.req_to_token_pool.mamba_allocator.free(index)
-
-    def _room(self, ptype: PageType) -> int:
-        """Slots of `ptype` SGLang's allocators can hand out now, frees held back in an open
-        free group included (the scheduler groups frees while it processes a batch)."""
-        allocator = self.token_to_kv_pool_allocator
-        if self._donor is not None:
-            self._donor.flush_deferred_full_frees()  # KV frees give the states their bytes
-        if ptype == self.kv_type:
-            pending = sum(int(t.numel()) for t in (getattr(allocator, "free_group", None) or ()))
-            return int(allocator.available_size()) + pending
-        return int(self.req_to_token_pool.mamba_allocator.schedulable_available_size())
-
-    def _make_room(self, ptype: PageType, count: int) -> None:
-        """Evict our policy's victims until SGLang can allocate `count` slots of `ptype`."""
-        self.memory.make_room(ptype, count)
-        if ptype == self.state_type and self._donor is not None:
-            self._donor.prepare_mamba_allocation(count)  # SGLang's step before a state alloc
+    # (sglang_slots.py holds the rest: capacities, give-back, room, eviction goals)
 
     def _try_alloc_state(self) -> int | None:
         assert self.handover is not None
         slot = self.handover.try_alloc_slot()
         return None if slot is None else int(slot.reshape(-1)[0].item())
 
-    def _free_states(self, ids: list[int]) -> None:
-        index = _index_tensor(ids, self.device)
-        self.req_to_token_pool.mamba_allocator.free(index)
-
     def _evict_states(self, count: int) -> None:
         assert self.state_type is not None
-        self._make_room(self.state_type, count)
+        self.slots.make_room(self.state_type, count)
         self.sync_metrics()
 
     # ------------------------------------------------------------------ tree wrappers
 
     @property
     def root_node(self) -> Node:
-        return self.cache.tree.root
+        return self.cache.root
 
     def reset(self) -> None:
-        if self.cache.tree.root.children:
+        if self.cache.root.children:
             raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
-
-    def _tokens(self, params_key: Any, whole: TokenSeq | None = None) -> TokenSeq | None:
-        """The key's tokens packed (`whole`: the key's token_ids, already packed)."""
-        if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
-            return None  # LoRA / salt namespaces are not modelled: never shared
-        if whole is not None:
-            return whole.truncated(len(params_key))  # shares the bytes: no copy
-        return TokenSeq.of(params_key.token_ids[: len(params_key)])
 
     def _empty(self) -> MatchResult:
         root = self.root_node
@@ -246,13 +182,13 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         # Packed once: the match key may be capped short of the input the plan reads.
         whole = None if self.disable else TokenSeq.of(params.key.token_ids)
-        tokens = None if whole is None else self._tokens(params.key, whole)
+        tokens = None if whole is None else key_tokens(params.key, whole)
         if whole is None or tokens is None:
             return self._empty()
-        found = self.cache.match(tokens)
+        found = self.cache.lookup(tokens)
+        planned = self._admit(params, found, whole)  # records the hit, plans the states
         self.hit_tokens += found.length
         node = found.node if found.node is not None else self.root_node
-        planned = self._plan(params, found, whole)
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole))
         if params.cow_mamba and params.req is not None and found.state is not None:
@@ -279,9 +215,10 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
             return None
         return self.captures.plan(batch_rows(reqs, lambda rid: self.plans.get(rid).positions))
 
-    def _plan(self, params: MatchPrefixParams, found: TreeMatch, whole: TokenSeq) -> Planned:
-        """The exact positions our admission checkpoints during this prefill, and what of the
-        finished sequence is expendable.
+    def _admit(self, params: MatchPrefixParams, found: TreeMatch, whole: TokenSeq) -> Planned:
+        """Admit the match to the cache (the hit is recorded; SGLang takes the lock itself,
+        `inc_lock_ref`): the exact positions our admission checkpoints during this prefill,
+        and what of the finished sequence is expendable.
 
         The match key may be capped short of the input (SGLang recomputes the last token), so
         positions are planned against the whole input `params.key.token_ids`:
@@ -290,6 +227,7 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
                       |-- prefill: states captured at the planned positions --|
         """
         if self.state_type is None:
+            self.cache.admit(whole, found)  # plans nothing: SGLang decides what it inserts
             return Planned()
         input_len = len(whole)
         # A prompt-end state is planned when decoding follows, and, captured in-pass, also when
@@ -298,231 +236,78 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         tracked_finish = self.captures is not None and bool(
             self.handover and self.handover.extra_buffer
         )
-        ends = _will_decode(params.req) or (params.req is not None and tracked_finish)
-        plan = self.cache.plan(whole, found, input_len + int(ends))
-        return Planned.of(plan, found.length, input_len)
+        ends = will_decode(params.req) or (params.req is not None and tracked_finish)
+        lease = self.cache.admit(whole, found, input_len + int(ends))
+        return Planned.of(lease.plan, found.length, input_len)
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
         """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
         assert self.handover is not None and found.state is not None and found.node is not None
-        self.cache.tree.lock(found.node)  # allocating a live slot may evict: keep the source
+        self.cache.pin(found.node)  # allocating a live slot may evict: keep the source
         try:
             self.handover.seed(req, found.state.ids()[0])
         finally:
-            self.cache.tree.unlock(found.node)
+            self.cache.unpin(found.node)
 
     def insert(self, params: InsertParams) -> InsertResult:
-        tokens = None if self.disable or params.key is None else self._tokens(params.key)
+        tokens = None if self.disable or params.key is None else key_tokens(params.key)
         if tokens is None:
             return InsertResult(prefix_len=0)
         state = params.mamba_value
         states = {} if state is None else {len(tokens): int(state.reshape(-1)[0].item())}
-        result, refused = self._insert(tokens, params.value, states)
-        result.mamba_exist = bool(refused)
+        done = self._adopt(tokens, params.value, states)
+        result = InsertResult(
+            prefix_len=done.present, total_len=len(tokens), last_device_node=done.node
+        )
+        result.mamba_exist = bool(done.refused)
         return result
-
-    def _insert(
-        self,
-        tokens: TokenSeq,
-        value: torch.Tensor | None,
-        states: dict[int, int],
-        start: Node | None = None,
-    ) -> tuple[InsertResult, dict[int, int]]:
-        """Adopt KV slots for [present, len) and state slots valid at their positions (<= len).
-        Returns the result and the states not taken (position -> slot; a checkpoint is already
-        there), which stay the caller's to free. `start`: where the walk may begin (a node
-        locked on the tokens' path, `RadixTree.walk`)."""
-        if value is None or len(value) < len(tokens):
-            raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
-        bad = [p for p in states if not 0 < p <= len(tokens)]
-        if bad:
-            raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
-        tree = self.cache.tree
-        walk = tree.walk(tokens, start)
-        present = walk.length
-        new_ids = value[present : len(tokens)].cpu().numpy()  # adopt copies them
-        kv = [self.memory.adopt(self.kv_type, new_ids)]
-        # The walk's last node may end past `present`, on another sequence: not a checkpoint here.
-        held = {n.end for n in walk.path if n.state is not None and n.end <= present}
-        refused = {p: slot for p, slot in states.items() if p in held or self.state_type is None}
-        adopt = {
-            p: self.memory.adopt(self.state_type, [slot])
-            for p, slot in states.items()
-            if p not in refused and self.state_type is not None
-        }
-        node = tree.insert(tokens, present, kv, adopt, self.cache.tick(), walk=walk)
-        self.states_admitted += len(adopt)
-        result = InsertResult(prefix_len=present, total_len=len(tokens), last_device_node=node)
-        return result, refused
 
     # ------------------------------------------------------------------ locks and eviction
 
-    def _evictable_tokens(self) -> int:
-        return self.memory.evictable_count(self.kv_type)  # a counter: called around every lock
-
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
-        before = self._evictable_tokens()
-        self.cache.tree.lock(None if node is self.root_node else node)
-        return IncLockRefResult(delta=self._evictable_tokens() - before)
+        before = self.slots.evictable_tokens()
+        self.cache.pin(None if node is self.root_node else node)
+        return IncLockRefResult(delta=self.slots.evictable_tokens() - before)
 
     def dec_lock_ref(self, node: Any, params: DecLockRefParams | None = None) -> DecLockRefResult:
-        before = self._evictable_tokens()
-        self.cache.tree.unlock(None if node is self.root_node else node)
-        return DecLockRefResult(delta=self._evictable_tokens() - before)
+        before = self.slots.evictable_tokens()
+        self.cache.unpin(None if node is self.root_node else node)
+        return DecLockRefResult(delta=self.slots.evictable_tokens() - before)
 
     def evict(self, params: EvictParams) -> EvictResult:
-        """Make room for `num_tokens` more KV slots and `mamba_num` more states than SGLang
-        can allocate now (SGLang passes shortfalls). Victims come from our policy over every
-        page type: on a unified pool a state's bytes may come from KV leaves and KV's from a
-        dropped state. On separate pools this is "free that many slots of each type"."""
-        freed = dict(self.memory.freed_slots)
-        goals = [(self.kv_type, params.num_tokens)]
-        if self.state_type is not None:
-            goals.append((self.state_type, params.mamba_num))
-        for ptype, goal in goals:
-            if goal > 0:
-                self._make_room(ptype, self._room(ptype) + goal)
-        kv = self.memory.freed_slots[self.kv_type] - freed[self.kv_type]
-        st = 0
-        if self.state_type is not None:
-            st = self.memory.freed_slots[self.state_type] - freed[self.state_type]
+        """Make room for what SGLang is short of (sglang_slots.py `SglangSlots.evict`)."""
+        kv, st = self.slots.evict(params.num_tokens, params.mamba_num)
         self.sync_metrics()
         return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
-
-    # ------------------------------------------------------------------ request path
-
-    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-        """Insert the request's KV [0, up_to) and the states our admission wants, repoint its
-        row at the tree's slots, relock. States come from the captures the forward wrote
-        (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
-        finished = bool(req.finished())
-        planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
-        inpass = self.captures.take(req.rid, up_to).states if self.captures is not None else {}
-        if self.disable:
-            self._free_states(list(inpass.values()))
-            if finished and self.handover is not None:
-                self.handover.release(req)
-            return
-        captured = self._handed_over(req, up_to, finished, planned)
-        states = dict(inpass)
-        if captured is not None:
-            states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
-        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
-        # The row's slots are read as they are (int32): only the new ones become ids, so a
-        # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        result, refused = self._insert(tokens, row[:up_to], states, self._walk_start(req, up_to))
-        lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
-        if lost:
-            self._free_states(lost)  # the tree had a checkpoint there already
-        if self.handover is not None:
-            offered = None if captured is None else captured.position
-            taken = offered is not None and offered not in refused and offered not in inpass
-            self.handover.settle(req, finished, captured, taken=taken)
-        self._repoint(req, result)
-        if finished:
-            self._finished(req, len(tokens), planned)
-        self.sync_metrics()
-
-    def _walk_start(self, req: Any, size: int) -> Node | None:
-        """The node the request holds locked (its match or last checkpoint), where its next
-        insert's walk begins: one walk from the root per request (`RadixTree.walk`)."""
-        lock = getattr(req, "lock", None)
-        node = getattr(lock, "node", None)
-        if not isinstance(node, Node) or node.inner or node.end > size or node.lock_ref <= 0:
-            return None
-        return node
-
-    def _handed_over(
-        self, req: Any, up_to: int, finished: bool, planned: Planned
-    ) -> Captured | None:
-        """The request's own state offered to the tree: at finish its last state (unless the
-        plan marks the end expendable); while running only on the cut path (no in-pass
-        capture), where the chunk just ended at a planned position (prefill_cut)."""
-        if self.handover is None or (finished and planned.expendable_from is not None):
-            return None
-        if finished:
-            return self.handover.capture(req, up_to, True)
-        if self.captures is not None:
-            return None
-        captured = self.handover.capture(req, up_to, False, planned.positions)
-        req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
-        return captured
-
-    def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
-        """The request is done: its expendable tail to the policy, its sequence to the
-        admission's memory and the tuner."""
-        inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
-        out = TokenSeq.of(req.output_ids)
-        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
-        if self.tuner is not None:
-            self.tuner.after_request(self.cache, inp, out)
-
-    def _repoint(self, req: Any, result: InsertResult) -> None:
-        """Free the request's duplicates of cached KV, point its row at the tree's slots.
-        Only [protected, prefix_len) changes: the row before is the tree's already, and the
-        tree adopted the row's own slots past prefix_len."""
-        protected, present = req.kv.cache_protected_len, result.prefix_len
-        node = result.last_device_node
-        if present > protected:
-            row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-            self.token_to_kv_pool_allocator.free(row[protected:present].to(torch.int64))
-            cached = self.path_device_indices(node, start=protected, stop=present)
-            self.req_to_token_pool.write((req.kv.req_pool_idx, slice(protected, present)), cached)
-        req.kv.cache_protected_len = 0 if node is self.root_node else node.end
-        self.unlock(req.lock)
-        req.lock = self.lock(node)
-        req.last_node = node
-
-    def on_release(self, req: Any, *, checkpointed: bool) -> None:
-        """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
-        self.plans.pop(req.rid)
-        if self.captures is not None:
-            self.captures.drop(req.rid)
-        if not checkpointed and self.handover is not None:
-            self.handover.release(req)
-        self.sync_metrics()  # the request's lock is gone: its pages turned evictable
 
     def path_device_indices(
         self, node: Any, start: int = 0, stop: int | None = None
     ) -> torch.Tensor:
-        """KV slot ids of the path's positions [start, stop) (stop: node.end by default):
-        nodes above `start` are not visited (a request repointed after each chunk needs only
-        what it added)."""
-        parts: list[Ids] = []
-        if node is not self.root_node:
-            slot = self.cache.tree.kv_types.index(self.kv_type)
-            stop = node.end if stop is None else stop
-            n = node
-            while n is not self.root_node and n.end > start:
-                if n.start < stop:
-                    parts.append(page_ids(n.kv[slot])[max(0, start - n.start) : stop - n.start])
-                n = n.parent
-        ids = np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int64)
-        return torch.from_numpy(ids).to(self.device)
+        """KV slot ids of the path's positions [start, stop) (slot_tree.py)."""
+        return self.slot_tree.path_ids(node, start, stop)
 
     # ------------------------------------------------------------------ sizes and flags
 
     def evictable_size(self) -> int:
-        return self._evictable_tokens()
+        return self.slots.evictable_tokens()
 
     def full_evictable_size(self) -> int:
-        return self._evictable_tokens()
+        return self.slots.evictable_tokens()
 
     def protected_size(self) -> int:
-        return self.memory.usage(self.kv_type).used
+        return self.slots.protected_tokens()
 
     def full_protected_size(self) -> int:
         return self.protected_size()
 
     def mamba_evictable_size(self) -> int:
-        return 0 if self.state_type is None else self.memory.usage(self.state_type).evictable
+        return self.slots.states("evictable")
 
     def mamba_protected_size(self) -> int:
-        return 0 if self.state_type is None else self.memory.usage(self.state_type).used
+        return self.slots.states("used")
 
     def total_size(self) -> int:
-        return self.memory.held(self.kv_type)
+        return self.slots.total_tokens()
 
     def supports_mamba(self) -> bool:
         return self.state_type is not None
@@ -534,26 +319,10 @@ class JengaRadixCache(BasePrefixCache):  # type: ignore[misc]  # sglang ships no
         return not self.disable
 
     def pretty_print(self) -> None:
-        for node in self.cache.tree.nodes():
+        for node in self.cache.nodes():
             indent = "  " * len(node.path_from_root())
             state = node.state is not None
             print(f"{indent}[{node.start},{node.end}) lock={node.lock_ref} state={state}")
 
     def sanity_check(self) -> None:
         self.cache.check_integrity()
-
-
-def _will_decode(req: Any) -> bool:
-    """Whether the request decodes after its prefill. Its final length is unknown until it
-    finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
-    (a prompt-end state is then worth keeping)."""
-    if req is None:
-        return False  # a probe match: nothing will be prefilled
-    budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
-    return budget is None or int(budget) > 0
-
-
-def _index_tensor(ids: list[int], device: Any) -> torch.Tensor:
-    """Slot ids as an int64 tensor: through numpy, 4x faster than `torch.tensor` on a list
-    (2 ms against 8.7 ms for 100k ids, on the scheduler thread)."""
-    return torch.from_numpy(np.array(ids, dtype=np.int64)).to(device)

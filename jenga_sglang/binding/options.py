@@ -52,7 +52,7 @@ class JengaOptions:
     default in a server, where clients resend a conversation with the reply re-rendered.
     `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
     `ghost_tokens` bounds the token ids of finished requests the 'jenga' admission remembers
-    to find branch points in evicted histories (radix/ghost.py; 0 turns it off).
+    to find branch points in evicted histories (policies/ghost.py; 0 turns it off).
     `capture` is how planned SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the
     forward writes them, binding/capture_forward.py) or 'cut' (the chunk ends there and the
     next round goes on, binding/prefill_cut.py); 'cut' is also what models whose state layers

@@ -10,9 +10,9 @@ see `CheckpointPlan`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from jenga_sglang.policies.base import CheckpointPlan
+from jenga_sglang.radix.contracts import CheckpointPlan
 from jenga_sglang.radix.tokens import TokenSeq
 
 #: Far more requests than a scheduler holds queued and running at once.
@@ -68,3 +68,23 @@ class RequestPlans:
 
     def __contains__(self, rid: object) -> bool:
         return rid in self._plans
+
+
+def key_tokens(params_key: Any, whole: TokenSeq | None = None) -> TokenSeq | None:
+    """An SGLang match or insert key's tokens packed (`whole`: its token_ids, already packed);
+    None for a key the tree never shares."""
+    if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
+        return None  # LoRA / salt namespaces are not modelled: never shared
+    if whole is not None:
+        return whole.truncated(len(params_key))  # shares the bytes: no copy
+    return TokenSeq.of(params_key.token_ids[: len(params_key)])
+
+
+def will_decode(req: Any) -> bool:
+    """Whether the request decodes after its prefill. Its final length is unknown until it
+    finishes, so the plan is made for input + 1 tokens: it learns only that decoding follows
+    (a prompt-end state is then worth keeping)."""
+    if req is None:
+        return False  # a probe match: nothing will be prefilled
+    budget = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+    return budget is None or int(budget) > 0

@@ -6,10 +6,10 @@ from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.background import BackgroundReplay, ShareChannel
-from jenga_sglang.policies.base import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.policies.bundles import jenga_admission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.tuning import AlphaTuner, SlidingTuner
+from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 
 
 def build_admission(options: JengaOptions, spec: ModelSpec) -> AdmissionPolicy:

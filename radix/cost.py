@@ -1,4 +1,7 @@
-"""What a radix node is worth: FLOPs its own tokens save, bytes it holds (from the model spec)."""
+"""What a radix node is worth: FLOPs its own tokens save, bytes it holds (from the model spec).
+
+The cost every `PrefixCache` scores hits with and hands to its eviction policy; it depends only
+on the model spec and the tree's nodes, so it sits beside the `NodeCost` contract it fulfils."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import Sequence
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.base import NodeCost
+from jenga_sglang.radix.contracts import NodeCost
 from jenga_sglang.radix.node import Node
 
 

@@ -1,7 +1,14 @@
-"""The two policy interfaces the cache is built from: admission and eviction.
+"""The contracts the tree is built on: what it asks of the policies that drive it.
 
-Both are framework-free and driven by the same tree from the simulator and from SGLang, so one
-implementation serves both (DESIGN: "One implementation, two drivers").
+* `EvictionPolicy`: which cached entry goes next (the tree keeps it informed and asks it for
+  victims);
+* `NodeCost`: what a node is worth to a FLOP-aware policy (radix/cost.py: the model spec's);
+* `AdmissionPolicy`: which SSM states, and how much of a sequence, enter the cache, as a
+  `CheckpointPlan` made from the `Branch` where the sequence leaves the tree.
+
+They live below the tree so that the layering runs one way: radix/ defines them and calls them,
+policies/ implements them, and nothing here imports policies/. The implementations are
+framework-free, so one of each serves both drivers of the cache: the simulator and SGLang.
 """
 
 from __future__ import annotations

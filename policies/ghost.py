@@ -24,7 +24,7 @@ import heapq
 
 from mypy_extensions import mypyc_attr
 
-from jenga_sglang.policies.base import Branch
+from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.tokens import TokenSeq
 
 

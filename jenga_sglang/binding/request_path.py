@@ -1,0 +1,140 @@
+"""The request path of the SGLang backend: a request's checkpoints and its release.
+
+SGLang calls `checkpoint` after a prefill chunk and when a request finishes, and `on_release`
+when it leaves. A checkpoint inserts the request's KV up to where it computed, with the states
+our admission planned (captured in-pass, binding/captures.py, or handed over from the request's
+own slot, binding/mamba_state.py), points the request's row at the tree's slots and moves its
+lock to the node its insert ended at. `JengaRadixCache` (backend.py) takes these methods from
+here, so that module keeps the rest of the `BasePrefixCache` contract.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from jenga_sglang.binding.captures import PendingCaptures
+from jenga_sglang.binding.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.plans import Planned, RequestPlans
+from jenga_sglang.binding.sglang_slots import SglangSlots
+from jenga_sglang.binding.slot_tree import Adopted, SlotTree
+from jenga_sglang.policies.tuning import AlphaTuner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+class RequestPath:
+    """`checkpoint` and `on_release` of `JengaRadixCache`, over the attributes it sets."""
+
+    cache: PrefixCache
+    slots: SglangSlots
+    slot_tree: SlotTree
+    plans: RequestPlans
+    captures: PendingCaptures | None
+    handover: StateHandOver | None
+    tuner: AlphaTuner | None
+    disable: bool
+    req_to_token_pool: Any
+    states_admitted: int
+
+    if TYPE_CHECKING:  # defined by JengaRadixCache and SGLang's BasePrefixCache
+
+        def lock(self, node: Any) -> Any: ...
+
+        def unlock(self, lock: Any) -> None: ...
+
+        def sync_metrics(self) -> None: ...
+
+    def _adopt(
+        self, tokens: TokenSeq, value: Any, states: dict[int, int], start: Node | None = None
+    ) -> Adopted:
+        """The tree adopts the slots (slot_tree.py); counted for the metrics."""
+        done = self.slot_tree.adopt(tokens, value, states, start)
+        self.states_admitted += done.admitted
+        return done
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        """Insert the request's KV [0, up_to) and the states our admission wants, repoint its
+        row at the tree's slots, relock. States come from the captures the forward wrote
+        (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
+        finished = bool(req.finished())
+        planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
+        inpass = self.captures.take(req.rid, up_to).states if self.captures is not None else {}
+        if self.disable:
+            self.slots.free_states(list(inpass.values()))
+            if finished and self.handover is not None:
+                self.handover.release(req)
+            return
+        captured = self._handed_over(req, up_to, finished, planned)
+        states = dict(inpass)
+        if captured is not None:
+            states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
+        # The row's slots are read as they are (int32): only the new ones become ids, so a
+        # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
+        done = self._adopt(tokens, row[:up_to], states, self._walk_start(req, up_to))
+        refused = done.refused
+        lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
+        if lost:
+            self.slots.free_states(lost)  # the tree had a checkpoint there already
+        if self.handover is not None:
+            offered = None if captured is None else captured.position
+            taken = offered is not None and offered not in refused and offered not in inpass
+            self.handover.settle(req, finished, captured, taken=taken)
+        self._repoint(req, done)
+        if finished:
+            self._finished(req, len(tokens), planned)
+        self.sync_metrics()
+
+    def _walk_start(self, req: Any, size: int) -> Node | None:
+        """The node the request holds locked (its match or last checkpoint), where its next
+        insert's walk begins: one walk from the root per request (`RadixTree.walk`)."""
+        lock = getattr(req, "lock", None)
+        node = getattr(lock, "node", None)
+        if not isinstance(node, Node) or node.inner or node.end > size or node.lock_ref <= 0:
+            return None
+        return node
+
+    def _handed_over(
+        self, req: Any, up_to: int, finished: bool, planned: Planned
+    ) -> Captured | None:
+        """The request's own state offered to the tree: at finish its last state (unless the
+        plan marks the end expendable); while running only on the cut path (no in-pass
+        capture), where the chunk just ended at a planned position (prefill_cut)."""
+        if self.handover is None or (finished and planned.expendable_from is not None):
+            return None
+        if finished:
+            return self.handover.capture(req, up_to, True)
+        if self.captures is not None:
+            return None
+        captured = self.handover.capture(req, up_to, False, planned.positions)
+        req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
+        return captured
+
+    def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
+        """The request is done: its expendable tail to the policy, its sequence to the
+        admission's memory and the tuner."""
+        inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
+        out = TokenSeq.of(req.output_ids)
+        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
+        if self.tuner is not None:
+            self.tuner.after_request(self.cache, inp, out)
+
+    def _repoint(self, req: Any, done: Adopted) -> None:
+        """Point the request's row at the tree's slots (slot_tree.py) and move its lock to
+        the node its insert ended at."""
+        node = done.node
+        self.slot_tree.repoint(req, done.present, node)
+        self.unlock(req.lock)
+        req.lock = self.lock(node)
+        req.last_node = node
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        """Without a checkpoint (abort, retraction) the request's Mamba slots go back."""
+        self.plans.pop(req.rid)
+        if self.captures is not None:
+            self.captures.drop(req.rid)
+        if not checkpointed and self.handover is not None:
+            self.handover.release(req)
+        self.sync_metrics()  # the request's lock is gone: its pages turned evictable

@@ -1,0 +1,123 @@
+"""Eviction from the radix tree: the policy's victim leaves whole (a leaf), loses its last
+segment (a leaf run), or loses its checkpoint (an inner node, merged into an only child).
+
+Functions over a `RadixTree` (tree.py), which holds the state and states the invariants they
+keep; the memory reaches them through `RadixTree.evict_for`, its `Evictor` callback.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import PageType
+
+if TYPE_CHECKING:
+    from jenga_sglang.radix.tree import RadixTree
+
+
+def evict_for(tree: RadixTree, ptype: PageType) -> bool:
+    """Evictor callback of the memory: evict the policy's next victim."""
+    victim = tree.policy.victim()
+    if victim is None:
+        return False
+    if victim.children:
+        drop_state(tree, victim)
+    elif victim.inner:
+        _evict_last_segment(tree, victim)
+    else:
+        evict_leaf(tree, victim)
+    return True
+
+
+def evict_leaf(tree: RadixTree, node: Node) -> None:
+    """Free everything an unlocked leaf holds and remove it (a run: all its segments)."""
+    if node is tree.root or node.children or node.lock_ref:
+        raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
+    for slot, ptype in enumerate(tree.kv_types):
+        if len(node.kv[slot]):
+            tree.memory.free_evictable(ptype, node.kv[slot])
+    states = [state for _, state in node.inner]
+    if node.state is not None:
+        states.append(node.state)
+    for state in states:
+        assert tree.state_type is not None
+        tree.memory.free_evictable(tree.state_type, state)
+    tree.evicted_states += len(states)
+    parent = node.parent
+    assert parent is not None
+    del parent.children[node.key.head(0)]
+    node.parent = None
+    tree.policy.remove(node)
+    tree.evicted_nodes += 1 + len(node.inner)
+    if parent is not tree.root:
+        tree.policy.update(parent)
+
+
+def _evict_last_segment(tree: RadixTree, run: Node) -> None:
+    """Evict the chain's leaf out of an unlocked leaf run: the pages and state of
+    [last inner checkpoint, end). The run then ends at that checkpoint, with its state."""
+    if run.children or run.lock_ref or not run.inner:
+        raise ValueError(f"cannot evict the last segment of {run!r}: not an unlocked leaf run")
+    at, state = run.inner[-1]
+    keep = at - run.start
+    for slot, ptype in enumerate(tree.kv_types):
+        tomb = run.tombstones[slot]
+        head, tail = run.kv[slot].split(max(0, keep - tomb))
+        if len(tail):
+            tree.memory.free_evictable(ptype, tail)
+        run.kv[slot] = head
+        run.tombstones[slot] = min(tomb, keep)
+    if run.state is not None:
+        assert tree.state_type is not None
+        tree.memory.free_evictable(tree.state_type, run.state)
+        tree.evicted_states += 1
+    run.state = state
+    run.inner = run.inner[:-1]
+    run.key = run.key.truncated(keep)  # no copy: the key only ever shrinks from here
+    run.end = at
+    tree.evicted_nodes += 1
+
+
+def drop_state(tree: RadixTree, node: Node) -> None:
+    """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
+
+    With one child the node disappears: the child absorbs its edge and KV (Marconi). With
+    more children the node stays as the branch point, without a state.
+    """
+    if node.lock_ref or not node.children or node.state is None:
+        raise ValueError(
+            f"cannot drop the state of {node!r}: needs an unlocked inner node with a checkpoint"
+        )
+    assert tree.state_type is not None and node.parent is not None
+    tree.memory.free_evictable(tree.state_type, node.state)
+    node.state = None
+    tree.evicted_states += 1
+    if len(node.children) == 1:
+        _merge_into_child(tree, node)
+    else:
+        tree.policy.update(node)
+
+
+def _merge_into_child(tree: RadixTree, node: Node) -> None:
+    assert node.parent is not None
+    (child,) = node.children.values()
+    for slot, ptype in enumerate(tree.kv_types):
+        if child.tombstones[slot]:
+            # The child's leading pages are gone, so no hit beyond node.end can use the
+            # node's window pages either: they become tombstones too.
+            if len(node.kv[slot]):
+                tree.memory.free_evictable(ptype, node.kv[slot])
+            child.tombstones[slot] += len(node.key)
+        else:
+            child.kv[slot] = node.kv[slot].concat(child.kv[slot])
+            child.tombstones[slot] = node.tombstones[slot]
+    child.key = node.key.concat(child.key)
+    child.inner = node.inner + child.inner
+    child.parent = node.parent
+    child.start = node.start
+    node.parent.children[child.key.head(0)] = child
+    node.parent = None
+    node.children = {}
+    tree.policy.remove(node)
+    tree.policy.update(child)

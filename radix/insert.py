@@ -1,0 +1,280 @@
+"""Insertion into the radix tree: a key's new tokens become a leaf (or grow one), and its
+checkpoints split the path where they lie.
+
+Functions over a `RadixTree` (tree.py), which holds the state and states the invariants they
+keep; `RadixTree.insert` and `RadixTree.chain_below` are the entry points.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jenga_sglang.radix.match import Walk
+from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import Pages
+from jenga_sglang.radix.tokens import TokenSeq
+
+if TYPE_CHECKING:
+    from jenga_sglang.radix.tree import RadixTree
+
+
+def insert(
+    tree: RadixTree,
+    key: TokenSeq,
+    start: int,
+    kv: list[Pages],
+    states: dict[int, Pages],
+    now: int,
+    walk: Walk | None = None,
+) -> Node:
+    """Cache `key`. The caller hands over pages it owns (used pages):
+
+        key:  [0 ........ start) [start .................... len(key))
+               pages borrowed     kv[g]: the caller's pages (sliding-window groups may
+               from the tree      have dropped a leading run: tombstones)
+
+    Positions the tree already holds are kept and the caller's duplicates freed; new
+    positions become a new leaf. `states` maps exact positions p in (0, len(key)] to a
+    one-page SSM checkpoint valid after tokens [0, p): the tree splits a node so that one
+    ends at p (the state stays with the node whose end it represents). Returns the node
+    ending at len(key). Bad input raises ValueError before anything changes.
+
+    `walk` may pass `tree.walk(key)` when the caller has it (the tree must not have changed
+    along its path since: e.g. its last node was locked meanwhile).
+    """
+    _validate_insert(tree, key, start, kv, states)
+    if walk is None:
+        walk = tree.walk(key)
+    if walk.length < start:
+        raise ValueError(
+            f"insert claims {start} cached tokens but the tree holds only {walk.length} "
+            "(lock the matched prefix while computing the rest)"
+        )
+    node = _node_ending_at(tree, walk)
+    kv = _free_duplicates(tree, key, start, walk.length, kv)
+    held = {p: st for p, st in states.items() if p <= walk.length}
+    if walk.length < len(key):
+        if _can_grow(tree, node, kv):
+            _grow_leaf(tree, node, key.slice(walk.length), kv, now)
+            held = dict(states)  # the grown leaf is split at its checkpoints below
+        else:
+            new = {p - walk.length: st for p, st in states.items() if p > walk.length}
+            node = _add_leaf(tree, node, key.slice(walk.length), kv, now, new)
+    _attach_states(tree, key, held, now, walk)
+    return node
+
+
+def _validate_insert(
+    tree: RadixTree, key: TokenSeq, start: int, kv: list[Pages], states: dict[int, Pages]
+) -> None:
+    if not isinstance(key, TokenSeq):
+        raise ValueError(f"insert key must be a TokenSeq, got {type(key).__name__}")
+    size = len(key)
+    if size == 0:
+        raise ValueError("insert of an empty key")
+    if not 0 <= start <= size:
+        raise ValueError(f"start {start} outside [0, {size}]")
+    if len(kv) != len(tree.attention):
+        raise ValueError(
+            f"expected pages for {len(tree.attention)} attention groups, got {len(kv)}"
+        )
+    span = size - start
+    for slot, group in enumerate(tree.attention):
+        count = len(kv[slot])
+        if count > span or (group.window is None and count < span):
+            raise ValueError(f"group {group.name}: {count} pages for {span} new tokens")
+    for pos, state in states.items():
+        if tree.state_type is None:
+            raise ValueError("states given but the model has no Mamba group")
+        if not 0 < pos <= size:
+            raise ValueError(f"checkpoint position {pos} outside (0, {size}]")
+        if len(state) != 1:
+            raise ValueError(f"a checkpoint is one state page, got {len(state)}")
+
+
+def _node_ending_at(tree: RadixTree, walk: Walk) -> Node:
+    """The node ending exactly where `walk` stops, splitting its last node if needed."""
+    if not walk.path:
+        return tree.root
+    last = walk.path[-1]
+    if last.end > walk.length:
+        return tree.split(last, walk.length - last.start)
+    return last
+
+
+def _descend_splitting(
+    tree: RadixTree, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
+) -> Node:
+    """The node ending exactly at `length` along `key` (which the tree holds), splitting.
+
+    Starts from `node`, which ends at `pos` on the same path (the root by default).
+    """
+    node = tree.root if node is None else node
+    while pos < length:
+        child = node.children[key.head(pos)]
+        if pos + len(child.key) > length:
+            child = tree.split(child, length - pos)
+        node, pos = child, pos + len(child.key)
+    return node
+
+
+def chain_below(tree: RadixTree, key: TokenSeq, at: int) -> list[Node]:
+    """The nodes holding `key`'s tokens [at, len(key)), top-down, when nothing else passes
+    there (each has one child, the last is a leaf ending at len(key)); else []. The node
+    holding position `at` is split so that a node starts exactly there. The tree must
+    hold all of `key` (it was just inserted)."""
+    if not 0 < at < len(key):
+        return []
+    node = _descend_splitting(tree, key, at)
+    chain: list[Node] = []
+    while node.end < len(key):
+        if chain and len(node.children) != 1:
+            return []
+        node = node.children[key.head(node.end)]
+        chain.append(node)
+    return chain if chain and not chain[-1].children else []
+
+
+def _attach_states(
+    tree: RadixTree, key: TokenSeq, states: dict[int, Pages], now: int, walk: Walk
+) -> None:
+    """Attach checkpoints in one walk down the path (positions ascending), each descent
+    starting from the deepest node of `walk` that ends at or above it: those nodes are on
+    `key`'s path still (an insert only splits them, and grows the last), so the tokens above
+    them are not compared again."""
+    node, pos = tree.root, 0
+    for at in sorted(states):
+        for held in walk.path:
+            if pos < held.end <= at:
+                node, pos = held, held.end
+        node = _descend_splitting(tree, key, at, node, pos)
+        pos = at
+        _attach_state(tree, node, states[at], now)
+
+
+def _free_duplicates(
+    tree: RadixTree, key: TokenSeq, start: int, present: int, kv: list[Pages]
+) -> list[Pages]:
+    """Free the caller's pages for [start, present) and return those for [present, end)."""
+    span = len(key) - start
+    dup = present - start
+    rest: list[Pages] = []
+    for slot, ptype in enumerate(tree.kv_types):
+        pages = kv[slot]
+        dropped = span - len(pages)  # sliding-window tombstones lead the span
+        cut = max(0, dup - dropped)
+        head, tail = pages.split(cut)
+        if len(head):
+            tree.memory.free(ptype, head)
+        rest.append(tail)
+    return rest
+
+
+def _add_leaf(
+    tree: RadixTree,
+    parent: Node,
+    key: TokenSeq,
+    kv: list[Pages],
+    now: int,
+    states: dict[int, Pages] | None = None,
+) -> Node:
+    """Hang `key` below `parent` as a new leaf, as a chain of nodes ending at checkpoints.
+
+    `states` maps offsets into `key` (0 < offset <= len(key)) to checkpoints. Building the
+    chain directly gives the nodes, pages and ids that adding one leaf and splitting it at
+    each offset in turn would (the leaf takes the first id, the nodes above it the next
+    ones top-down), without re-slicing the leaf once per checkpoint. A tree that keeps runs
+    makes them one leaf with inner checkpoints instead.
+    """
+    states = states or {}
+    cuts = sorted(at for at in states if at < len(key))
+    inner: tuple[tuple[int, Pages], ...] = ()
+    if tree.keeps_runs and cuts:
+        inner = tuple((parent.end + at, states[at]) for at in cuts)
+        cuts = []
+    for slot, ptype in enumerate(tree.kv_types):
+        if len(kv[slot]):
+            tree.memory.mark_evictable(ptype, kv[slot])
+    leaf_id = tree.new_id()
+    tombstones = [len(key) - len(pages) for pages in kv]  # sliding windows: leading run
+    chain: list[Node] = []
+    node, pos = parent, 0
+    for cut in cuts:
+        upper_kv: list[Pages] = []
+        upper_tomb: list[int] = []
+        for slot, pages in enumerate(kv):
+            upper_tomb.append(min(tombstones[slot], cut - pos))
+            head, kv[slot] = pages.split(cut - pos - upper_tomb[-1])
+            upper_kv.append(head)
+            tombstones[slot] -= upper_tomb[-1]
+        upper = Node(tree.new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
+        node.children[key.head(pos)] = upper
+        chain.append(upper)
+        node, pos = upper, cut
+    leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
+    node.children[key.head(pos)] = leaf
+    chain.append(leaf)
+    leaf.inner = inner
+    for _, checkpoint in inner:
+        assert tree.state_type is not None
+        tree.memory.mark_evictable(tree.state_type, checkpoint)
+    for created in chain:
+        state = states.get(created.end - parent.end)
+        if state is not None:
+            # `_attach_state` on a fresh, unlocked node without a state: no checks needed
+            assert tree.state_type is not None
+            created.state = state
+            tree.memory.mark_evictable(tree.state_type, state)
+        tree.policy.update(created)
+    if parent is not tree.root:
+        tree.policy.update(parent)
+    return leaf
+
+
+def _can_grow(tree: RadixTree, node: Node, kv: list[Pages]) -> bool:
+    """Whether new tokens after `node` extend its edge instead of hanging a child on it.
+
+    With a Mamba group a hit ends only at a checkpoint, so the end of a leaf without one
+    is no reuse point: it exists only because the tokens arrived in two inserts (SGLang
+    checkpoints a running request's prefill, then inserts its decode when it finishes).
+    Growing the leaf keeps the tree what one insert of the whole sequence would build, so
+    eviction weighs the same nodes whichever driver filled it. Not with sliding-window
+    tombstones in the new pages (a node's tombstones must lead its edge).
+    """
+    return (
+        tree.state_type is not None
+        and node is not tree.root
+        and node.is_leaf
+        and node.state is None
+        and all(t == 0 for t in node.tombstones)
+        and all(len(pages) == len(kv[0]) for pages in kv)
+    )
+
+
+def _grow_leaf(tree: RadixTree, node: Node, key: TokenSeq, kv: list[Pages], now: int) -> None:
+    """Append `key` and its pages (the caller's, used) to the stateless leaf `node`."""
+    if len(kv[0]) != len(key):
+        raise AssertionError(f"growing {node!r} by {len(key)} tokens with {len(kv[0])} pages")
+    for slot, ptype in enumerate(tree.kv_types):
+        pages = kv[slot]
+        node.kv[slot] = node.kv[slot].concat(pages)
+        if node.lock_ref == 0 and len(pages):
+            tree.memory.mark_evictable(ptype, pages)
+    node.key = node.key.concat(key)
+    node.end += len(key)
+    node.last_access = max(node.last_access, now)
+    tree.policy.update(node)
+
+
+def _attach_state(tree: RadixTree, node: Node, state: Pages, now: int) -> None:
+    assert tree.state_type is not None
+    if node is tree.root or node.state is not None:
+        tree.memory.free(tree.state_type, state)  # already checkpointed there
+        return
+    node.state = state
+    # Admitting a checkpoint is an access: a branch point split out of an old edge would
+    # otherwise keep that edge's old time and look stale the moment it becomes useful.
+    node.last_access = max(node.last_access, now)
+    if node.lock_ref == 0:
+        tree.memory.mark_evictable(tree.state_type, state)
+    tree.policy.update(node)

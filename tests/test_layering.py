@@ -1,0 +1,37 @@
+"""The layering runs one way: radix/ (the tree, its memory and the contracts it calls) imports
+nothing from the policies that implement those contracts, nor from the drivers above them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+RADIX = Path(__file__).resolve().parent.parent / "radix"
+ABOVE = ("jenga_sglang.policies", "jenga_sglang.bench", "jenga_sglang.binding")
+
+
+def imported(path: Path) -> list[str]:
+    """Every module `path` imports, at any depth (TYPE_CHECKING blocks and functions too)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path.name}: relative import"
+            base = node.module or ""
+            names += [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(RADIX.glob("*.py")), ids=lambda p: p.name)
+def test_radix_imports_nothing_above_it(path: Path) -> None:
+    bad = [n for n in imported(path) if n.startswith(ABOVE) or n in {"policies", "bench"}]
+    assert not bad, f"radix/{path.name} imports {bad}"
+
+
+def test_the_check_sees_imports() -> None:
+    """The parser finds an import of the kind the test forbids (so a pass means something)."""
+    sample = RADIX.parent / "policies" / "eviction.py"
+    assert any(n.startswith("jenga_sglang.radix") for n in imported(sample))
