@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench.online import OnlineConfig, Turn, sessions_from_trace
+from jenga_sglang.bench.online_turns import OnlineConfig, Turn, sessions_from_trace
 
 FORMAT = "agentic-trace"
 

@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     from jenga_sglang.bench.traces_cli import add_traces_parser
 
     add_traces_parser(sub)
-    from jenga_sglang.bench.online import add_online_parser
+    from jenga_sglang.bench.online_cli import add_online_parser
 
     add_online_parser(sub)
     from jenga_sglang.bench.soak import add_soak_parser

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from jenga_sglang.bench.agent import AgentParams
-from jenga_sglang.bench.online import OnlineConfig, run_online
+from jenga_sglang.bench.online import run_online
+from jenga_sglang.bench.online_turns import OnlineConfig
 from jenga_sglang.bench.server import STRATEGIES, LocalServer, ServerError
 from jenga_sglang.bench.synthetic import SystemChatParams
 from jenga_sglang.bench.traces_cli import cached_trace

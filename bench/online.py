@@ -8,11 +8,8 @@ growing prefix a chat application sends. Requests stream (TTFT = time to the fir
 chunk), decode greedily (temperature 0) and ask for the usage report, whose
 ``prompt_tokens_details.cached_tokens`` is the prefix the server's cache served.
 
-Trace token ids are not text, and they belong to whatever tokenizer built the trace, not the
-served model's. The user message of a turn is therefore made from the ids the turn adds to the
-conversation: one word of a fixed list per id (``id % len(WORDS)``). Equal ids give equal words,
-so prefixes shared in the trace stay shared in text, turn lengths follow the trace in words, and
-no tokenizer is needed. Replies are the server's, capped by the trace's output length.
+The user message of a turn is made from the trace ids it adds (bench/online_turns.py);
+replies are the server's, capped by the trace's output length.
 
 Bounds: ``--max-requests`` requests in all, nothing new sent after ``--max-seconds``, and no
 request outlives that deadline. Sessions run ``--concurrency`` at a time, each turn after the
@@ -21,83 +18,19 @@ previous one's reply (closed loop; arrival times are not replayed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-WORDS = [
-    "cache",
-    "state",
-    "token",
-    "prefix",
-    "model",
-    "layer",
-    "memory",
-    "page",
-    "slot",
-    "turn",
-    "user",
-    "reply",
-    "server",
-    "query",
-    "answer",
-    "fast",
-    "small",
-    "large",
-    "first",
-    "last",
-    "next",
-    "shared",
-    "branch",
-    "checkpoint",
-    "attention",
-    "mamba",
-    "scan",
-    "chunk",
-    "block",
-    "tree",
-    "node",
-    "leaf",
-    "root",
-    "path",
-    "hit",
-    "miss",
-    "evict",
-    "keep",
-    "store",
-    "load",
-    "copy",
-    "move",
-    "read",
-    "write",
-    "time",
-    "cost",
-]
+from jenga_sglang.bench.online_turns import OnlineConfig, Turn, sessions_from_trace
 
 
 class OnlineError(RuntimeError):
     """A malformed server reply (bad JSON, missing fields, error status)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """One request to send: the new user text and the reply length to ask for.
-
-    ``messages`` (role, content) pairs, when given, are sent instead of one user message
-    (an agentic-trace turn: bench/agentic_trace.py)."""
-
-    session_id: int
-    turn_id: int
-    user_text: str
-    max_tokens: int
-    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -113,63 +46,6 @@ class TurnResult:
     latency_s: float = 0.0
     text: str = ""
     error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OnlineConfig:
-    """Client settings; ``model`` None asks the server's /v1/models for the first model."""
-
-    url: str
-    max_requests: int = 50
-    max_seconds: float = 120.0
-    concurrency: int = 4
-    max_user_words: int = 128
-    max_output_tokens: int = 32
-    model: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_requests", "concurrency", "max_user_words", "max_output_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.max_seconds > 0:
-            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
-
-
-def words_for(ids: Sequence[int], limit: int) -> str:
-    """Text for trace ids: one word per id, at most ``limit`` words (never empty)."""
-    text = " ".join(WORDS[i % len(WORDS)] for i in ids[:limit])
-    return text or WORDS[0]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def sessions_from_trace(path: str, config: OnlineConfig) -> list[list[Turn]]:
-    """Sessions (in order of first arrival) as turns with the user text each turn adds.
-
-    A turn's new ids are its input past the previous turn's input + output when that is a prefix
-    of it, otherwise past the longest common prefix with it (agent traces may rewrite history).
-    """
-    from jenga_sglang.bench.trace import load_trace
-
-    sessions: dict[int, list[Turn]] = {}
-    seen: dict[int, list[int]] = {}
-    for r in load_trace(path):
-        before = seen.get(r.session_id, [])
-        new = r.input_tokens[_common_prefix(before, r.input_tokens) :]
-        turns = sessions.setdefault(r.session_id, [])
-        max_tokens = max(1, min(r.num_output_tokens, config.max_output_tokens))
-        user = words_for(new, config.max_user_words)
-        turns.append(Turn(r.session_id, r.turn_id, user, max_tokens))
-        seen[r.session_id] = r.input_tokens + r.output_tokens
-    return list(sessions.values())
 
 
 def _usage(chunk: dict[str, Any]) -> tuple[int, int, int] | None:
@@ -357,78 +233,3 @@ def run_online(trace: str, config: OnlineConfig) -> dict[str, Any]:
     start = time.monotonic()
     results = asyncio.run(replay(sessions, config))
     return summarize(results, time.monotonic() - start)
-
-
-def add_online_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Mount ``online`` on the ``jenga-bench`` sub-parsers; sets ``func`` to :func:`cmd_online`."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "online", help="replay trace sessions against an OpenAI-compatible chat server"
-    )
-    p.add_argument("--url", default=None, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument(
-        "--trace",
-        required=True,
-        help="JSONL trace (.gz / .xz accepted) or SGLang agentic-trace JSON (.json)",
-    )
-    p.add_argument(
-        "--write-agentic-trace",
-        default=None,
-        metavar="OUT.json",
-        help="write the JSONL trace's sessions in SGLang's agentic-trace format and exit",
-    )
-    p.add_argument("--max-requests", type=int, default=50, help="requests in all (default 50)")
-    p.add_argument("--max-seconds", type=float, default=120.0, help="time budget (default 120)")
-    p.add_argument("--concurrency", type=int, default=4, help="sessions at a time (default 4)")
-    p.add_argument("--max-user-words", type=int, default=128, help="words per user message")
-    p.add_argument("--max-output-tokens", type=int, default=32, help="reply tokens at most")
-    p.add_argument("--model", default=None, help="model name (default: the server's first)")
-    p.add_argument("--json", action="store_true", help="print the whole summary as one line")
-    p.set_defaults(func=cmd_online)
-    return p
-
-
-def cmd_online(args: argparse.Namespace) -> int:
-    """Run the replay. Exit 0, 1 when any request failed or the server is unreachable, and 2 on
-    bad input (settings, trace), each failure as one line on stderr like the rest of the CLI."""
-    try:
-        if args.url is None and not args.write_agentic_trace:
-            raise ValueError("--url is required to replay")
-        config = OnlineConfig(
-            url=args.url or "http://127.0.0.1:30000",  # not contacted when only writing
-            max_requests=args.max_requests,
-            max_seconds=args.max_seconds,
-            concurrency=args.concurrency,
-            max_user_words=args.max_user_words,
-            max_output_tokens=args.max_output_tokens,
-            model=args.model,
-        )
-        from jenga_sglang.bench.agentic_trace import (
-            is_agentic_trace,
-            read_agentic_trace,
-            write_agentic_trace,
-        )
-
-        if args.write_agentic_trace:
-            count = write_agentic_trace(args.trace, args.write_agentic_trace, config)
-            print(json.dumps({"conversations": count, "out": args.write_agentic_trace}))
-            return 0
-        if is_agentic_trace(args.trace):
-            sessions = read_agentic_trace(args.trace, config)
-        else:
-            sessions = sessions_from_trace(args.trace, config)
-    except (ValueError, OSError) as exc:
-        print(f"jenga-bench: error: {exc}", file=sys.stderr)
-        return 2
-    start = time.monotonic()
-    try:
-        results = asyncio.run(replay(sessions, config))
-    except (OnlineError, OSError) as exc:  # e.g. nothing listening at --url
-        print(f"jenga-bench: error: {config.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    summary = summarize(results, time.monotonic() - start)
-    if args.json:
-        print(json.dumps(summary, separators=(",", ":")))
-    else:
-        brief = {k: v for k, v in summary.items() if k != "records"}
-        print(json.dumps(brief, indent=2))
-    return 1 if summary["errors"] else 0

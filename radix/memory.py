@@ -7,7 +7,8 @@ The tree never owns bytes itself: every KV page and SSM state it caches was hand
 * `JengaPool` (jenga_sglang.pool): the two-level LCM pool with real small-page ids.
 
 Direction of control: the memory decides *where* a page goes; when it is short, it calls back
-into its `Evictor` (the tree), and the tree's policy decides *which cached entries* go. The memory never drops a cached page on its own.
+into its `Evictor` (the tree), and the tree's policy decides *which cached entries* go. The
+memory never drops a cached page on its own.
 
 Small-page states: every page is either free, used (held by a running request or by a locked
 node) or evictable (cached by an unlocked node). Conservation law, per page type:

@@ -17,7 +17,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from jenga_sglang.bench.online import WORDS, OnlineConfig, Turn, replay, sessions_from_trace
+from jenga_sglang.bench.online import replay
+from jenga_sglang.bench.online_turns import WORDS, OnlineConfig, Turn, sessions_from_trace
 from jenga_sglang.bench.server import LocalServer
 
 

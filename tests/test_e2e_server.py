@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import pytest
 
-from jenga_sglang.bench.online import OnlineConfig, Turn, TurnResult, replay
+from jenga_sglang.bench.online import TurnResult, replay
+from jenga_sglang.bench.online_turns import OnlineConfig, Turn
 from jenga_sglang.bench.server import LocalServer
 
 pytestmark = pytest.mark.sglang

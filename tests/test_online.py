@@ -19,14 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from jenga_sglang.bench.online import (
-    WORDS,
-    OnlineConfig,
-    add_online_parser,
-    run_online,
-    sessions_from_trace,
-    words_for,
-)
+from jenga_sglang.bench.online import run_online
+from jenga_sglang.bench.online_cli import add_online_parser
+from jenga_sglang.bench.online_turns import WORDS, OnlineConfig, sessions_from_trace, words_for
 from jenga_sglang.bench.trace import Request, write_trace
 
 MODEL = "fake-tiny"
