@@ -11,7 +11,8 @@ from jenga_sglang.binding.compat import (
     with_token_slots,
 )
 from jenga_sglang.binding.options import JengaOptions, options_of
-from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
+from jenga_sglang.models.config import spec_from_hf_config, supported_architectures
+from jenga_sglang.models.hf_fields import ConfigError
 from jenga_sglang.models.spec import ModelSpec
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,

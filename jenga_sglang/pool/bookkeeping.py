@@ -29,7 +29,7 @@ class Books(NamedTuple):
     type_open[k]      large pages of type k with an empty page
     carved[k]         large pages carved as k
     reclaimable[k]    carved as k, holding evictable pages and no used page
-    count[k]          [empty, evictable, used] small pages of type k in carved large pages
+    type_counts[k]    [empty, evictable, used] small pages of type k in carved large pages
     """
 
     per: list[int]
@@ -44,4 +44,4 @@ class Books(NamedTuple):
     type_open: list[dict[int, None]]
     carved: list[int]
     reclaimable: list[int]
-    count: list[list[int]]
+    type_counts: list[list[int]]

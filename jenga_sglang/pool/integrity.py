@@ -39,7 +39,9 @@ def check_pool(pool: JengaPool) -> None:
         for s in range(3):
             totals[k][s] += counts[s]
     for k, t in enumerate(pool.page_types):
-        assert totals[k] == b.count[k], f"{t}: counted {totals[k]}, tracked {b.count[k]}"
+        assert totals[k] == b.type_counts[k], (
+            f"{t}: counted {totals[k]}, tracked {b.type_counts[k]}"
+        )
         assert sum(totals[k]) == carved[k] * b.per[k], f"{t}: states do not sum to carved"
         assert carved[k] == b.carved[k], f"{t}: {carved[k]} carved, tracked {b.carved[k]}"
         assert reclaimable[k] == b.reclaimable[k], f"{t}: reclaimable count drifted"
