@@ -1,4 +1,4 @@
-"""`jenga-bench`: replay, sweep, report, traces, demo, online, long-batch, overhead, robustness.
+"""jenga-bench: replay, sweep, report, demo, traces, online, soak, long-batch, overhead, robustness.
 
     jenga-bench replay --trace PATH --model marconi-7b --cache-gb 2 --policy jenga --json
     jenga-bench replay --trace PATH --cache-gb 2 --policy marconi --via sglang --json

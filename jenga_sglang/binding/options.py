@@ -13,7 +13,7 @@ bundle it starts from (default `jenga`), and `--jenga-admission`, `--jenga-evict
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from jenga_sglang.policies.branching import GHOST_TOKENS
@@ -65,8 +65,6 @@ class JengaOptions:
     `policy` is the record the policy flags produced (admission, eviction, alpha or auto, the
     prompt-end state, ghost tokens; policies/registry.py), built by policies/bundles.py.
     `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
-    `ghost_tokens` bounds the token ids of finished requests the 'jenga' admission remembers
-    to find branch points in evicted histories (radix/ghost.py; 0 turns it off).
     `capture` is how planned SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the
     forward writes them, binding/capture_forward.py) or 'cut' (the chunk ends there and the
     next round goes on, binding/prefill_cut.py); 'cut' is also what models whose state layers
@@ -74,7 +72,7 @@ class JengaOptions:
     """
 
     enabled: bool = False
-    policy: PolicyRecord = field(default=SERVER_POLICY)
+    policy: PolicyRecord = SERVER_POLICY
     pool: bool = True
     capture: str = "in-pass"
 
