@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from jenga_sglang.bench.sglang_run import CACHES, OURS
-from jenga_sglang.policies.registry import bundle_names
 
 EXIT_BAD_INPUT = 2
 DEFAULT_POLICIES = ["jenga", "marconi", "sglang-lru", "vllm-blocks"]
@@ -121,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=CACHES,
         help="the cache under test: ours (default) or SGLang's own (static split, unified pool)",
     )
-    rp.add_argument("--policy", help=f"bundle of --cache {OURS}: {', '.join(bundle_names())}")
+    rp.add_argument(
+        "--policy", help=f"bundle of --cache {OURS}: a name or marconi@ALPHA (policies/README.md)"
+    )
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     _add_run_flags(rp)
     rp.set_defaults(func=cmd_replay)

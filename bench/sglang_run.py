@@ -8,12 +8,12 @@ when the cache is built.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jenga_sglang.bench.replay import PackedRequest
-from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.registry import PolicyRecord
+if TYPE_CHECKING:  # the CLI reads the cache names here before it needs anything else
+    from jenga_sglang.bench.replay import PackedRequest
+    from jenga_sglang.models.spec import ModelSpec
+    from jenga_sglang.policies.registry import PolicyRecord
 
 OURS = "jenga"
 NATIVE_CACHES = ("sglang-native", "sglang-native-unified")
@@ -68,6 +68,7 @@ def run_sglang(
     """Replay `requests` through SGLang's cache `cache`, or (`cache="jenga"`) through our backend
     running `policy` on SGLang's unified pool; the record fields runner.run adds to its own."""
     from jenga_sglang.bench.sglang_native import replay_native
+    from jenga_sglang.bench.sglang_split import static_split
 
     split = static_split(spec, cache_bytes)
     ours = cache == OURS
