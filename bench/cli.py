@@ -1,13 +1,21 @@
-"""`jenga-bench`: replay, sweep, report, traces, demo, online, long-batch, overhead, robustness.
+"""jenga-bench: replay, sweep, report, demo, traces, online, soak, long-batch, overhead, robustness.
 
     jenga-bench replay --trace PATH --model marconi-7b --cache-gb 2 --policy jenga --json
+    jenga-bench replay --trace PATH --cache-gb 2 --policy marconi --via sglang --json
+    jenga-bench replay --trace PATH --cache-gb 2 --cache sglang-native --json
     jenga-bench sweep --trace A --trace B --cache-gb 1,2,5 --policies jenga,marconi --json
+    jenga-bench sweep --trace A --cache-gb 5,10 --caches jenga,sglang-native --json
     jenga-bench report sweep.jsonl --out out/report
     jenga-bench traces build sharegpt --rate 1
     jenga-bench demo
     jenga-bench long-batch --cache-gb 54,24,18,8 --plot out/long-batch.png
     jenga-bench overhead --nodes 10000,100000 --prompt-tokens 1024,32768,131072 --json
     jenga-bench robustness --jobs 2
+
+The cache under test (`--cache`, `--caches`) is ours, `jenga`, running the bundle `--policy`
+names, or SGLang's own (`sglang-native`: its static KV/Mamba split; `sglang-native-unified`: its
+unified pool), which runs SGLang's LRU and takes no `--policy`. `--via sglang` drives ours
+through SGLang's real pools and scheduler helpers instead of the simulator.
 
 Bad input (missing or malformed trace, unknown policy / model / mode) prints one line on
 stderr and exits with status 2. Subcommands import what they need when they run: the
@@ -23,7 +31,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from jenga_sglang.bench.sglang_run import CACHES, OURS
+
 EXIT_BAD_INPUT = 2
+DEFAULT_POLICIES = ["jenga", "marconi", "sglang-lru", "vllm-blocks"]
 
 
 class BadInput(Exception):
@@ -90,7 +101,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--via",
         default="",
         choices=("", "sglang"),
-        help="sglang: drive our policy as SGLang's cache backend on SGLang's pools (slow start)",
+        help="sglang: drive our cache (--cache jenga, any --policy) as SGLang's cache backend "
+        "on SGLang's pools (slow start)",
     )
     p.add_argument("--max-running", type=int, default=256, help="requests per batch at most")
 
@@ -102,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay one trace through one cache")
     rp.add_argument("--trace", required=True)
     rp.add_argument("--cache-gb", type=float, required=True)
-    rp.add_argument("--policy", required=True)
+    rp.add_argument(
+        "--cache",
+        default=OURS,
+        choices=CACHES,
+        help="the cache under test: ours (default) or SGLang's own (static split, unified pool)",
+    )
+    rp.add_argument(
+        "--policy", help=f"bundle of --cache {OURS}: a name or marconi@ALPHA (policies/README.md)"
+    )
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     _add_run_flags(rp)
     rp.set_defaults(func=cmd_replay)
@@ -111,7 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--trace", action="append", required=True)
     sp.add_argument("--cache-gb", type=_floats, required=True, help="e.g. 1,2,3,4,5,10")
     sp.add_argument(
-        "--policies", type=_names, default=["jenga", "marconi", "sglang-lru", "vllm-blocks"]
+        "--caches",
+        type=_names,
+        default=[OURS],
+        help=f"caches under test, of {','.join(CACHES)} (default {OURS})",
+    )
+    sp.add_argument(
+        "--policies",
+        type=_names,
+        default=None,
+        help=f"bundles of --caches {OURS} (default {','.join(DEFAULT_POLICIES)})",
     )
     fmt = sp.add_mutually_exclusive_group()
     fmt.add_argument("--json", dest="fmt", action="store_const", const="json", default="json")
@@ -168,8 +197,13 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_replay(args: argparse.Namespace) -> int:
     from jenga_sglang.bench.runner import RunConfig, load_packed, run, validate
 
+    if args.cache == OURS and not args.policy:
+        raise BadInput(f"replay --cache {OURS} needs --policy NAME")
+    policy = args.policy or ""
     config = _checked(
-        lambda: RunConfig(args.trace, args.model, args.cache_gb, args.policy, **_common(args))
+        lambda: RunConfig(
+            args.trace, args.model, args.cache_gb, policy, cache=args.cache, **_common(args)
+        )
     )
     _checked(validate, config)
     _checked(load_packed, config.trace)
@@ -188,9 +222,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from jenga_sglang.bench.runner import preload
     from jenga_sglang.bench.sweep import grid, sweep, write_records
 
-    configs = _checked(
-        lambda: grid(args.trace, args.model, args.cache_gb, args.policies, **_common(args))
-    )
+    configs = _checked(lambda: _sweep_grid(args, grid))
     _checked(preload, args.trace, args.jobs or os.cpu_count() or 1)
     records = sweep(configs, jobs=args.jobs, progress=not args.no_progress)
     if args.out:
@@ -205,6 +237,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failed else 0
+
+
+def _sweep_grid(args: argparse.Namespace, grid: Any) -> list[Any]:
+    """Every trace x size for each cache: ours once per policy, SGLang's own once."""
+    unknown = [c for c in args.caches if c not in CACHES]
+    if unknown or not args.caches:
+        raise ValueError(f"unknown caches {unknown}; known: {', '.join(CACHES)}")
+    if args.policies is not None and OURS not in args.caches:
+        raise ValueError(f"--policies applies to --caches {OURS}, not to {','.join(args.caches)}")
+    configs: list[Any] = []
+    for cache in dict.fromkeys(args.caches):
+        policies = (args.policies or DEFAULT_POLICIES) if cache == OURS else [""]
+        common = {**_common(args), "cache": cache}
+        configs += grid(args.trace, args.model, args.cache_gb, policies, **common)
+    return configs
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
-"""One run = trace x model x cache size x policy x mode -> one flat, JSON-able record.
+"""One run = trace x model x cache size x cache x policy x mode -> one flat, JSON-able record.
 
-This is the single place that turns names into objects (model preset, memory, policy bundle,
-cost model), so the CLI, the sweep and the demo all agree on what a name means. Cache sizes are
+This is the single place that turns names into objects (model preset, memory, cache under test,
+policy bundle, cost model), so the CLI, the sweep and the demo all agree on what a name means.
+The cache under test is ours (`jenga`, simulated or, `via="sglang"`, driven through SGLang) or
+SGLang's own (`sglang-native`, `sglang-native-unified`; bench/sglang_run.py). Cache sizes are
 decimal: 1 GB = 10**9 bytes (as Marconi's reference).
 
 Packed traces are kept in a module-level table (`load_packed`): the sweep loads every trace
@@ -21,12 +23,19 @@ from jenga_sglang.bench import trace_cache
 from jenga_sglang.bench.cost_model import CostModel
 from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats, pack, replay_sequential
-from jenga_sglang.bench.sglang_run import NATIVE_POLICIES, run_native, validate_native
+from jenga_sglang.bench.sglang_run import (
+    CACHES,
+    NATIVE_CACHES,
+    OURS,
+    run_sglang,
+    validate_sglang,
+)
 from jenga_sglang.bench.trace import load_trace
 from jenga_sglang.compiled import compiled
 from jenga_sglang.models.presets import get_spec, preset_names
 from jenga_sglang.models.spec import ModelSpec
-from jenga_sglang.policies.bundles import build_cache, bundle, byte_budget
+from jenga_sglang.policies.bundles import build_cache, byte_budget
+from jenga_sglang.policies.registry import bundle
 from jenga_sglang.radix.memory import CacheMemory
 
 GB = 10**9
@@ -40,7 +49,11 @@ _TRACES: dict[str, list[PackedRequest]] = {}
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines one run; `trace` is a path to a trace file."""
+    """Everything that defines one run; `trace` is a path to a trace file.
+
+    `policy` names a bundle (policies/registry.py) for our cache, and is empty for SGLang's own
+    caches (`cache`), which run SGLang's LRU.
+    """
 
     trace: str
     model: str
@@ -52,6 +65,7 @@ class RunConfig:
     cost: tuple[tuple[str, str], ...] = ()  # cost model overrides (engine mode)
     engine: EngineConfig = field(default_factory=EngineConfig)
     via: str = ""  # "sglang": our policy as SGLang's cache backend (bench/sglang_run.py)
+    cache: str = OURS  # the cache under test: ours, or SGLang's own (sglang_run.NATIVE_CACHES)
 
     @property
     def cache_bytes(self) -> int:
@@ -60,13 +74,17 @@ class RunConfig:
 
 def validate(config: RunConfig) -> None:
     """Raise ValueError naming the bad field (before any trace is loaded)."""
-    if config.via or config.policy in NATIVE_POLICIES:  # through SGLang (bench/sglang_run.py)
-        validate_native(config.policy, config.mode, config.memory, config.via)
-    else:
+    if config.cache not in CACHES:
+        raise ValueError(f"unknown cache {config.cache!r}; known: {', '.join(CACHES)}")
+    if config.cache == OURS:
         try:
             bundle(config.policy)
         except ValueError as exc:
-            raise ValueError(f"{exc}, {', '.join(NATIVE_POLICIES)}") from None
+            if config.policy in NATIVE_CACHES:  # the spelling before --cache
+                raise ValueError(f"{exc} (SGLang's own cache: --cache {config.policy})") from None
+            raise
+    if config.via or config.cache != OURS:  # through SGLang (bench/sglang_run.py)
+        validate_sglang(config.cache, config.policy, config.mode, config.memory, config.via)
     if config.model not in preset_names():
         raise ValueError(f"unknown model {config.model!r}; known: {', '.join(preset_names())}")
     if config.mode not in MODES:
@@ -151,16 +169,12 @@ def run(config: RunConfig) -> dict[str, Any]:
     validate(config)
     requests = load_packed(config.trace)
     spec = get_spec(config.model)
-    if config.via or config.policy in NATIVE_POLICIES:
-        native = run_native(
-            config.policy,
-            requests,
-            spec,
-            config.cache_bytes,
-            config.engine.chunk_tokens,
-            config.via,
+    if config.via or config.cache != OURS:
+        policy = bundle(config.policy) if config.cache == OURS else None
+        through = run_sglang(
+            config.cache, policy, requests, spec, config.cache_bytes, config.engine.chunk_tokens
         )
-        return {**_config_fields(config), **native}
+        return {**_config_fields(config), **through}
     memory = build_memory(config.memory, spec, config.cache_bytes)
     cache, tuner = build_cache(config.policy, spec, memory)
     stats: ReplayStats
@@ -199,7 +213,9 @@ def _config_fields(config: RunConfig) -> dict[str, Any]:
         "model": config.model,
         "mode": config.mode,
         "memory": config.memory,
-        "policy": config.policy,
+        # SGLang's own caches were named by `--policy` before `--cache`: their records keep that
+        "policy": config.policy if config.cache == OURS else config.cache,
+        "cache": config.cache,
         "cache_gb": config.cache_gb,
         "cache_bytes": config.cache_bytes,
     }

@@ -32,6 +32,7 @@ from typing import Any
 from jenga_sglang.bench.replay import PackedRequest, ReplayStats
 from jenga_sglang.bench.sglang_split import SglangSplit
 from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.policies.registry import PolicyRecord, bundle
 
 MAMBA_CHUNK = 64  # FLA chunk = SGLang's mamba_cache_chunk_size at page size 1
 TRACK_INTERVAL = 256  # --mamba-track-interval default
@@ -55,6 +56,7 @@ class SglangNativeCache:
         unified: bool = False,
         tree: str = "sglang",
         max_running: int = 1,
+        policy: PolicyRecord | None = None,
     ) -> None:
         if chunk_tokens < MAMBA_CHUNK:
             raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
@@ -76,7 +78,9 @@ class SglangNativeCache:
         self.req_pool = pools.req_to_token_pool
         self.allocator = pools.allocator
         self._rid = 0
-        self.tree_cache = _radix_cache(self.req_pool, self.allocator, spec, tree, self.extra_buffer)
+        self.tree_cache = _radix_cache(
+            self.req_pool, self.allocator, spec, tree, self.extra_buffer, policy
+        )
         # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
         self._batch = SimpleNamespace(
             model_config=SimpleNamespace(
@@ -191,9 +195,15 @@ TREES = ("sglang", "jenga")
 
 
 def _radix_cache(
-    req_pool: Any, allocator: Any, spec: ModelSpec, tree: str, extra_buffer: bool
+    req_pool: Any,
+    allocator: Any,
+    spec: ModelSpec,
+    tree: str,
+    extra_buffer: bool,
+    policy: PolicyRecord | None = None,
 ) -> Any:
-    """SGLang's UnifiedRadixCache, or (`tree="jenga"`) our backend behind the same contract."""
+    """SGLang's UnifiedRadixCache, or (`tree="jenga"`) our backend behind the same contract,
+    running `policy` (default: the `jenga` bundle)."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -213,8 +223,10 @@ def _radix_cache(
         from jenga_sglang.binding.backend import JengaRadixCache
         from jenga_sglang.binding.options import JengaOptions
 
-        # The pure replay's `jenga` bundle: traces resend replies verbatim, so no prompt-end state.
-        return JengaRadixCache(init, spec, JengaOptions(enabled=True, prompt_end=False))
+        # A bundle as the pure replay runs it (traces resend replies verbatim: no prompt-end
+        # state unless the bundle keeps one), not the server's default.
+        options = JengaOptions(enabled=True, policy=policy or bundle("jenga"))
+        return JengaRadixCache(init, spec, options)
     return UnifiedRadixCache(params=init)
 
 
@@ -225,10 +237,12 @@ def replay_native(
     chunk_tokens: int,
     unified: bool = False,
     tree: str = "sglang",
+    policy: PolicyRecord | None = None,
 ) -> tuple[ReplayStats, SglangNativeCache]:
-    """Sequential replay (bench/replay.py's order and totals) through SGLang's own cache."""
+    """Sequential replay (bench/replay.py's order and totals) through SGLang's own cache, or
+    (`tree="jenga"`) through our backend running `policy`."""
     longest = max((len(r.inp) + len(r.out) for r in requests), default=1)
-    cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified, tree)
+    cache = SglangNativeCache(spec, split, longest, chunk_tokens, unified, tree, policy=policy)
     stats = ReplayStats()
     start, cpu_start = time.perf_counter(), time.process_time()
     for req in requests:

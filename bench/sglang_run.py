@@ -1,35 +1,46 @@
-"""One `jenga-bench` run whose cache is SGLang's own stack (`--policy sglang-native...`).
+"""One `jenga-bench` run through SGLang: its own cache (`--cache sglang-native[-unified]`) or ours
+as its cache backend (`--cache jenga --via sglang`, any bundle).
 
-bench/runner.py hands these policy names here; this module turns a RunConfig into the same
-flat record as every other run, plus the SGLang pool sizes. Importing it is cheap: sglang is
-only imported when the cache is built.
+bench/runner.py hands such runs here; this module turns a RunConfig into the same flat record
+as every other run, plus the SGLang pool sizes. Importing it is cheap: sglang is only imported
+when the cache is built.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jenga_sglang.bench.replay import PackedRequest
-from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.models.spec import ModelSpec
+if TYPE_CHECKING:  # the CLI reads the cache names here before it needs anything else
+    from jenga_sglang.bench.replay import PackedRequest
+    from jenga_sglang.models.spec import ModelSpec
+    from jenga_sglang.policies.registry import PolicyRecord
 
-NATIVE_POLICIES = ("sglang-native", "sglang-native-unified")
+OURS = "jenga"
+NATIVE_CACHES = ("sglang-native", "sglang-native-unified")
+CACHES = (OURS, *NATIVE_CACHES)
 VIA = ("", "sglang")
-VIA_POLICIES = ("jenga",)  # our policies that JengaOptions' defaults express
 
 
-def validate_native(policy: str, mode: str, memory: str, via: str = "") -> None:
-    """ValueError naming the field when a run through SGLang asks for what it does not model."""
+def validate_sglang(cache: str, policy: str, mode: str, memory: str, via: str = "") -> None:
+    """ValueError naming the option when a run through SGLang asks for what it does not model."""
     if via not in VIA:
         raise ValueError(f"unknown --via {via!r}; known: sglang")
-    known = VIA_POLICIES if via else NATIVE_POLICIES
-    if policy not in known:
-        what = "--via sglang policy" if via else "SGLang policy"
-        raise ValueError(f"unknown {what} {policy!r}; known: {', '.join(known)}")
+    if cache in NATIVE_CACHES:
+        if via:
+            raise ValueError(
+                f"--via sglang drives our cache through SGLang; --cache {cache} is SGLang's own"
+            )
+        if policy:
+            raise ValueError(
+                f"--cache {cache} runs SGLang's own LRU; --policy {policy!r} needs --cache {OURS}"
+            )
+    what = f"--cache {cache}" if cache in NATIVE_CACHES else "--via sglang"
     if mode != "sequential":
-        raise ValueError(f"policy {policy!r} supports mode 'sequential' only, got {mode!r}")
+        raise ValueError(f"{what} supports --mode sequential only, got {mode!r}")
     if memory != "bytes":
-        raise ValueError(f"policy {policy!r} sizes SGLang's own pools; --memory must be 'bytes'")
+        raise ValueError(
+            f"{what} sizes SGLang's own pools; --memory must be 'bytes', got {memory!r}"
+        )
 
 
 NO_TREE_FIELDS = {"alpha": 0.0, "tunings": 0, "evicted_nodes": 0, "evicted_states": 0}
@@ -46,30 +57,32 @@ def _our_tree_fields(backend: Any) -> dict[str, Any]:
     }
 
 
-def run_native(
-    policy: str,
+def run_sglang(
+    cache: str,
+    policy: PolicyRecord | None,
     requests: list[PackedRequest],
     spec: ModelSpec,
     cache_bytes: int,
     chunk_tokens: int,
-    via: str = "",
 ) -> dict[str, Any]:
-    """Replay `requests` through SGLang's cache, or (`via="sglang"`) through our backend on
-    SGLang's unified pool; the record fields runner.run adds to its own."""
+    """Replay `requests` through SGLang's cache `cache`, or (`cache="jenga"`) through our backend
+    running `policy` on SGLang's unified pool; the record fields runner.run adds to its own."""
     from jenga_sglang.bench.sglang_native import replay_native
+    from jenga_sglang.bench.sglang_split import static_split
 
     split = static_split(spec, cache_bytes)
-    unified = via == "sglang" or policy == "sglang-native-unified"
-    tree = "jenga" if via else "sglang"
-    stats, cache = replay_native(requests, spec, split, chunk_tokens, unified, tree)
+    ours = cache == OURS
+    unified = ours or cache == "sglang-native-unified"
+    tree = "jenga" if ours else "sglang"
+    stats, native = replay_native(requests, spec, split, chunk_tokens, unified, tree, policy)
     return {
         **stats.fields(),
         "peak_bytes": split.kv_bytes + split.mamba_bytes,
         "capacity_violations": 0,
-        **(_our_tree_fields(cache.tree_cache) if via else NO_TREE_FIELDS),
-        "via": via,
+        **(_our_tree_fields(native.tree_cache) if ours else NO_TREE_FIELDS),
+        "via": "sglang" if ours else "",
         "sglang_kv_tokens": split.kv_tokens,
         "sglang_mamba_slots": split.mamba_slots,
-        "sglang_kv_capacity": cache.kv_capacity,
-        **{f"sglang_end_{k}": v for k, v in cache.usage().items()},
+        "sglang_kv_capacity": native.kv_capacity,
+        **{f"sglang_end_{k}": v for k, v in native.usage().items()},
     }

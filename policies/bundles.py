@@ -1,25 +1,23 @@
-"""Named policy bundles: admission + eviction + alpha tuning, as used by `--policy NAME`.
+"""The one builder from a policy record (policies/registry.py) to its policy objects.
 
-vllm-blocks   every-block admission (a state every 32 tokens) + LRU
-sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
-marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
-              tuning on the reference's schedule
-marconi-postevict  marconi with our earlier schedule (window after the first eviction)
-marconi-linear     marconi before the reference comparison (linear recency, node's own
-                   bytes, prefix locked)
-jenga         speculative admission + FLOP-aware eviction + sliding re-tuning
+`build_policies(record, spec, background)` is what every driver calls: the simulator
+(`build_cache`, below), and the SGLang backend (binding/policy.py), with or without `--via
+sglang`. Where the tuner's replays run is the caller's context, passed in: inline when
+`background` is None (the simulator), in a worker process adopted a fixed number of requests
+later otherwise (the server, whose `BackgroundReplay` carries the tensor-parallel channel).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
+from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.reference_eviction import MarconiEviction
+from jenga_sglang.policies.registry import PolicyRecord, bundle
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
@@ -27,16 +25,12 @@ from jenga_sglang.radix.memory import ByteBudget, CacheMemory
 from jenga_sglang.radix.pages import PageKind, PageType
 
 
-@dataclass(frozen=True)
-class Bundle:
-    name: str
-    description: str
-    admission: Callable[[ModelSpec], AdmissionPolicy]
-    eviction: Callable[[], EvictionPolicy]
-    tuner: Callable[[], AlphaTuner | None]
-    #: False: an insert may evict the request's own cached prefix (the reference simulator's
-    #: order, radix/commit.py `insert_unlocked`); True: the prefix stays locked (a real engine).
-    lock_prefix: bool = True
+class Policies(NamedTuple):
+    """The objects one record builds, for one cache."""
+
+    admission: AdmissionPolicy
+    eviction: EvictionPolicy
+    tuner: AlphaTuner | None
 
 
 def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
@@ -47,14 +41,6 @@ def min_branch_tokens(spec: ModelSpec, fraction: float = 0.25) -> int:
     if not spec.has_mamba or not spec.kv_bytes_per_token or spec.extra.get("attention_free"):
         return 0
     return round(fraction * spec.state_bytes / spec.kv_bytes_per_token)
-
-
-def _speculative(spec: ModelSpec) -> AdmissionPolicy:
-    return SpeculativeAdmission()
-
-
-def _every_block(spec: ModelSpec) -> AdmissionPolicy:
-    return EveryBlockAdmission()
 
 
 def jenga_admission(
@@ -72,87 +58,45 @@ def jenga_admission(
     )
 
 
-BUNDLES: dict[str, Bundle] = {
-    b.name: b
-    for b in (
-        Bundle(
-            "vllm-blocks",
-            "every-block admission (B=32) + LRU",
-            _every_block,
-            LruEviction,
-            lambda: None,
-        ),
-        Bundle(
-            "sglang-lru",
-            "speculative admission + LRU (SGLang+)",
-            _speculative,
-            LruEviction,
-            lambda: None,
-        ),
-        Bundle(
-            "marconi",
-            "speculative admission + Marconi's eviction as the reference computes it (1 / age "
-            "recency, efficiency per byte of the whole path) + one-shot tuning on the "
-            "reference's schedule",
-            _speculative,
-            MarconiEviction,
-            MarconiTuner,
-            lock_prefix=False,
-        ),
-        Bundle(
-            "marconi-linear",
-            "marconi as it was before the comparison with the reference simulator: our "
-            "earlier eviction terms (min-max of the last access, efficiency per byte the node "
-            "holds; policies/eviction.py) and the request's prefix locked",
-            _speculative,
-            FlopAwareEviction,
-            MarconiTuner,
-        ),
-        Bundle(
-            "marconi-postevict",
-            "marconi with our earlier tuning schedule: window of N requests after the first "
-            "eviction, replayed from the cache at that eviction, scored whole",
-            _speculative,
-            MarconiEviction,
-            lambda: MarconiTuner(multiplier=2, scored_tail=None, from_start=False),
-            lock_prefix=False,
-        ),
-        Bundle(
-            "jenga",
-            "speculative admission (no checkpoints at short branches) + FLOP-aware eviction "
-            "that drops superseded checkpoints first + sliding re-tuning",
-            jenga_admission,
-            JengaEviction,
-            SlidingTuner,
-        ),
+def build_admission(record: PolicyRecord, spec: ModelSpec) -> AdmissionPolicy:
+    if record.admission == "jenga":
+        return jenga_admission(spec, record.prompt_end, record.ghost_tokens)
+    if record.admission == "speculative":
+        return SpeculativeAdmission(prompt_end=record.prompt_end)
+    return EveryBlockAdmission()  # whole blocks: no prompt-end state, no ghost index
+
+
+def build_eviction(record: PolicyRecord) -> EvictionPolicy:
+    alpha = 0.0 if record.alpha is None else record.alpha  # auto: 0 until the tuner picks one
+    if record.eviction == "jenga":
+        return JengaEviction(alpha)
+    if record.eviction == "flop-aware":
+        return FlopAwareEviction(alpha)
+    if record.eviction == "marconi":
+        return MarconiEviction(alpha)
+    return LruEviction()
+
+
+def build_tuner(
+    record: PolicyRecord, background: BackgroundReplay | None = None
+) -> AlphaTuner | None:
+    """The record's tuner, replaying inline (`background` None) or in `background`'s worker."""
+    if not record.tuned:
+        return None
+    if record.tuner == "sliding":
+        return SlidingTuner(background=background)
+    if record.tuner == "marconi":
+        return MarconiTuner(background=background)
+    return MarconiTuner(multiplier=2, scored_tail=None, from_start=False, background=background)
+
+
+def build_policies(
+    record: PolicyRecord, spec: ModelSpec, background: BackgroundReplay | None = None
+) -> Policies:
+    """Admission, eviction and tuner of `record` for a cache of `spec`."""
+    return Policies(
+        build_admission(record, spec), build_eviction(record), build_tuner(record, background)
     )
-}
-
-
-def bundle(name: str) -> Bundle:
-    """A bundle by name; `marconi@A` is Marconi's bundle with alpha fixed to A (no tuning), the
-    building block of the per-configuration hindsight oracle."""
-    base, sep, alpha_text = name.partition("@")
-    if sep and base == "marconi":
-        try:
-            alpha = float(alpha_text)
-        except ValueError:
-            raise ValueError(f"bad alpha in policy {name!r}: expected marconi@<float>") from None
-        if alpha < 0:
-            raise ValueError(f"bad alpha in policy {name!r}: alpha must be >= 0")
-        return Bundle(
-            name,
-            f"marconi with alpha fixed to {alpha}",
-            _speculative,
-            lambda: MarconiEviction(alpha),
-            lambda: None,
-            lock_prefix=False,
-        )
-    try:
-        return BUNDLES[name]
-    except KeyError:
-        known = ", ".join([*BUNDLES, "marconi@<alpha>"])
-        raise ValueError(f"unknown policy {name!r}; known: {known}") from None
 
 
 def byte_budget(spec: ModelSpec, cache_bytes: int) -> ByteBudget:
@@ -169,6 +113,7 @@ def byte_budget(spec: ModelSpec, cache_bytes: int) -> ByteBudget:
 def build_cache(
     name: str, spec: ModelSpec, memory: CacheMemory
 ) -> tuple[PrefixCache, AlphaTuner | None]:
-    b = bundle(name)
-    cache = PrefixCache(spec, memory, b.eviction(), b.admission(spec), b.lock_prefix)
-    return cache, b.tuner()
+    """The simulator's cache for bundle `name`: its tuner replays inline."""
+    record = bundle(name)
+    admission, eviction, tuner = build_policies(record, spec)
+    return PrefixCache(spec, memory, eviction, admission, record.lock_prefix), tuner

@@ -134,7 +134,10 @@ class Probe:
         spec = spec_from_model_config(runner.model_config, 1)
         assert captures_in_pass(runner.model_config)
         self.cache = JengaRadixCache(
-            params, spec, JengaOptions(enabled=True, prompt_end=True), inpass=True
+            params,
+            spec,
+            JengaOptions(enabled=True),
+            inpass=True,  # the server's prompt-end state
         )
         self.plain = TreeCacheNamespace(
             page_size=1,

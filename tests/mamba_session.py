@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,7 +89,7 @@ class Session:
         extra_buffer: bool = False,
     ) -> None:
         from jenga_sglang.binding.backend import JengaRadixCache
-        from jenga_sglang.binding.options import JengaOptions
+        from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
 
         self.sg = sg
@@ -100,7 +101,10 @@ class Session:
         self.cache = JengaRadixCache(
             params,
             get_spec("nemotron-h-8b"),
-            JengaOptions(enabled=True, admission=admission, prompt_end=prompt_end),
+            JengaOptions(
+                enabled=True,
+                policy=replace(SERVER_POLICY, admission=admission, prompt_end=prompt_end),
+            ),
         )
         # ScheduleBatch fields `_mamba_radix_cache_v2_req_prepare_for_extend` reads.
         self.batch = SimpleNamespace(

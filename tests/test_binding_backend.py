@@ -7,6 +7,7 @@ on device="cpu", built the way its unified-radix-cache kit builds them.
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -99,14 +100,16 @@ def _params(mamba: bool, kv_size: int, extra_buffer: bool = False) -> Any:
 
 def _cache(sg: Any, mamba: bool, kv_size: int = 256, **opts: Any) -> tuple[Any, Any, Any]:
     from jenga_sglang.binding.backend import JengaRadixCache
-    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.models import get_spec
 
     params = _params(mamba, kv_size)
     spec = get_spec("nemotron-h-8b" if mamba else "marconi-7b")
     if not mamba:
         spec = _attention_only(spec)
-    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, **opts))
+    cache = JengaRadixCache(
+        params, spec, JengaOptions(enabled=True, policy=replace(SERVER_POLICY, **opts))
+    )
     return cache, params.token_to_kv_pool_allocator, params.req_to_token_pool
 
 
@@ -238,7 +241,7 @@ def unified(sg: Any) -> Any:
     from jenga_sglang.bench import sglang_pools
     from jenga_sglang.bench.sglang_split import SglangSplit
     from jenga_sglang.binding.backend import JengaRadixCache
-    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.models import get_spec
 
     spec = get_spec("marconi-7b")
@@ -254,7 +257,8 @@ def unified(sg: Any) -> Any:
         token_to_kv_pool_allocator=pools.allocator,
         page_size=1,
     )
-    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, eviction="lru"))
+    lru = replace(SERVER_POLICY, eviction="lru")
+    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=lru))
     return cache, pools.allocator, pools.req_to_token_pool.mamba_allocator
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from jenga_sglang.binding.factory import UnsupportedModelError, spec_from_model_config
 from jenga_sglang.binding.options import (
+    SERVER_POLICY,
     JengaFlagError,
     JengaOptions,
     add_jenga_args,
@@ -17,6 +19,11 @@ from jenga_sglang.binding.options import (
 )
 from jenga_sglang.models import preset_config
 from jenga_sglang.policies.branching import GHOST_TOKENS
+
+
+def _server(**changes: object) -> JengaOptions:
+    """Options with the server's policy record changed in `changes`."""
+    return JengaOptions(enabled=True, policy=replace(SERVER_POLICY, **changes))
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -35,14 +42,15 @@ def test_defaults_and_values() -> None:
     assert options_from_namespace(_parse()) == JengaOptions()
     ns = _parse("--enable-jenga", "--jenga-alpha", "0.25", "--jenga-admission", "speculative")
     check_conflicts(ns)
-    assert options_from_namespace(ns) == JengaOptions(True, "speculative", "jenga", 0.25)
-    assert options_from_namespace(ns).prompt_end  # on unless switched off
+    assert options_from_namespace(ns) == _server(admission="speculative", alpha=0.25)
+    assert options_from_namespace(ns).policy.prompt_end  # on unless switched off
     off = _parse("--enable-jenga", "--no-jenga-prompt-end")
-    assert options_from_namespace(off).prompt_end is False
-    assert options_from_namespace(_parse("--enable-jenga", "--jenga-alpha", "auto")).alpha is None
+    assert options_from_namespace(off).policy.prompt_end is False
+    auto = _parse("--enable-jenga", "--jenga-alpha", "auto")
+    assert options_from_namespace(auto).policy.alpha is None
     ghost = _parse("--enable-jenga", "--jenga-ghost-tokens", "0")
-    assert options_from_namespace(ghost).ghost_tokens == 0  # off
-    assert options_from_namespace(_parse("--enable-jenga")).ghost_tokens == GHOST_TOKENS
+    assert options_from_namespace(ghost).policy.ghost_tokens == 0  # off
+    assert options_from_namespace(_parse("--enable-jenga")).policy.ghost_tokens == GHOST_TOKENS
     assert options_from_namespace(_parse("--enable-jenga")).capture == "in-pass"
     cut = _parse("--enable-jenga", "--jenga-capture", "cut")
     assert options_from_namespace(cut).capture == "cut"
@@ -118,5 +126,5 @@ def test_server_tuning_runs_off_the_request_path_only_when_alpha_is_auto() -> No
 
     tuner = build_tuner(JengaOptions(enabled=True))
     assert tuner is not None and tuner.background is not None and tuner.background.lag >= 1
-    assert build_tuner(JengaOptions(enabled=True, alpha=0.5)) is None
-    assert build_tuner(JengaOptions(enabled=True, eviction="lru")) is None
+    assert build_tuner(_server(alpha=0.5)) is None
+    assert build_tuner(_server(eviction="lru")) is None

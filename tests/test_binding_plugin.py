@@ -83,9 +83,9 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     probe.write_text(_PROBE)
     text = _run([str(probe)], tmp_path)
     assert (
-        "CHILD ('jenga', \"JengaOptions(enabled=True, admission='jenga', "
-        "eviction='flop-aware', alpha=0.5, prompt_end=False, pool=True, ghost_tokens=1000, "
-        "capture='in-pass')\", "
+        "CHILD ('jenga', \"JengaOptions(enabled=True, policy=PolicyRecord(admission='jenga', "
+        "eviction='flop-aware', alpha=0.5, tuner='sliding', prompt_end=False, ghost_tokens=1000, "
+        "lock_prefix=True), pool=True, capture='in-pass')\", "
         "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text

@@ -10,8 +10,9 @@ from jenga_sglang.policies.admission import (
     LeafOnlyAdmission,
     SpeculativeAdmission,
 )
-from jenga_sglang.policies.bundles import BUNDLES, build_cache, bundle, byte_budget
+from jenga_sglang.policies.bundles import build_cache, build_policies, byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
+from jenga_sglang.policies.registry import BUNDLES, bundle
 from jenga_sglang.policies.replay_grid import GridRunner, run_grid_inline
 from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, Objective, SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
@@ -251,9 +252,9 @@ def test_jenga_eviction_drops_a_branch_state_but_keeps_the_branch():
 
 
 def test_marconi_with_a_fixed_alpha_is_a_bundle():
-    b = bundle("marconi@0.3")
-    assert b.tuner() is None
-    eviction = b.eviction()
+    b = build_policies(bundle("marconi@0.3"), hybrid_spec())
+    assert b.tuner is None
+    eviction = b.eviction
     assert isinstance(eviction, FlopAwareEviction) and eviction.alpha == 0.3
     with pytest.raises(ValueError, match="alpha"):
         bundle("marconi@x")

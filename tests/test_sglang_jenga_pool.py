@@ -16,6 +16,7 @@ moves of compaction, which the Jenga pool never does.
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -204,7 +205,7 @@ def _backend(sg: Any, pools: Any) -> Any:
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     from jenga_sglang.binding.backend import JengaRadixCache
-    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.binding.pool_build import storage_spec
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
@@ -217,7 +218,8 @@ def _backend(sg: Any, pools: Any) -> Any:
     from jenga_sglang.binding.pool_build import KVShape
 
     spec = storage_spec(KVShape(ATTN, 2, 8, sg.torch.bfloat16), _cache_params(sg))
-    return JengaRadixCache(params, spec, JengaOptions(enabled=True, eviction="lru"))
+    lru = replace(SERVER_POLICY, eviction="lru")
+    return JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=lru))
 
 
 def _insert(sg: Any, cache: Any, pools: Any, tokens: list[int]) -> Any:

@@ -49,10 +49,12 @@ def test_static_split_rejects_tiny_budgets_and_attention_only_models() -> None:
     [("engine", "bytes", "sequential"), ("sequential", "jenga", "memory")],
 )
 def test_native_runs_reject_what_they_do_not_model(mode: str, memory: str, message: str) -> None:
-    config = RunConfig("t.jsonl", "marconi-7b", 2.0, "sglang-native", mode=mode, memory=memory)
+    config = RunConfig(
+        "t.jsonl", "marconi-7b", 2.0, "", mode=mode, memory=memory, cache="sglang-native"
+    )
     with pytest.raises(ValueError, match=message):
         validate(config)
-    validate(RunConfig("t.jsonl", "marconi-7b", 2.0, "sglang-native-unified"))
+    validate(RunConfig("t.jsonl", "marconi-7b", 2.0, "", cache="sglang-native-unified"))
 
 
 # ---------------------------------------------------------------- the real SGLang stack
@@ -118,7 +120,7 @@ def test_runner_record_of_a_native_replay(tmp_path: Path) -> None:
     t0_in, t0_out = _seq(1000, 300), _seq(5000, 100)
     t1_in = t0_in + t0_out + _seq(7000, 50)
     write_trace(path, [Request(0, 0, 0.0, t0_in, t0_out), Request(0, 1, 1.0, t1_in, [1, 2])])
-    record = run(RunConfig(str(path), "marconi-7b", 0.5, "sglang-native"))
+    record = run(RunConfig(str(path), "marconi-7b", 0.5, "", cache="sglang-native"))
     assert (record["requests"], record["hit_tokens"]) == (2, 256)
     assert record["input_tokens"] == 750
     assert record["token_hit_rate"] == pytest.approx(256 / 750)

@@ -10,8 +10,9 @@ from jenga_sglang.binding.compat import (
     fold_windows,
     with_token_slots,
 )
-from jenga_sglang.binding.options import JengaOptions
-from jenga_sglang.models.config import ConfigError, spec_from_hf_config, supported_architectures
+from jenga_sglang.binding.options import JengaOptions, options_of
+from jenga_sglang.models.config import spec_from_hf_config, supported_architectures
+from jenga_sglang.models.hf_fields import ConfigError
 from jenga_sglang.models.spec import ModelSpec
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
@@ -62,7 +63,6 @@ def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
 def build_tree_cache(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
     from jenga_sglang.binding.backend import JengaRadixCache
-    from jenga_sglang.binding.plugin import options_of
 
     options = options_of(ctx.server_args)
     if not options.enabled:

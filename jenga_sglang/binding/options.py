@@ -2,22 +2,37 @@
 
 SGLang's `ServerArgs.from_cli_args` keeps only its own fields, so the plugin parses ours from the
 argparse namespace with `options_from_namespace` and carries them on the record as a bookkeeping
-attribute (`JENGA_ATTR`), which `ServerArgs.__reduce__` pickles into every scheduler process.
+attribute (`JENGA_ATTR`), which `ServerArgs.__reduce__` pickles into every scheduler process;
+`options_of` reads them back there.
+
+The policy flags produce one `PolicyRecord` (policies/registry.py): `--jenga-policy` names the
+bundle it starts from (default `jenga`), and `--jenga-admission`, `--jenga-eviction`,
+`--jenga-alpha`, `--[no-]jenga-prompt-end` and `--jenga-ghost-tokens` override its fields.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from jenga_sglang.policies.branching import GHOST_TOKENS
+from jenga_sglang.policies.registry import (
+    ADMISSIONS,
+    EVICTIONS,
+    PolicyRecord,
+    bundle,
+    bundle_names,
+)
 
 BACKEND_NAME = "jenga"
 JENGA_ATTR = "_jenga_options"
 
-ADMISSIONS = ("jenga", "speculative", "every-block")
-EVICTIONS = ("jenga", "flop-aware", "lru")
 CAPTURES = ("in-pass", "cut")
+
+#: The server's record when no policy flag is given: the `jenga` bundle with the state at each
+#: prompt's end kept, since a chat client's next turn may re-render the reply it resends.
+SERVER_POLICY = replace(bundle("jenga"), prompt_end=True)
 
 # Flags of SGLang that select another cache or a feature our backend does not implement.
 _CONFLICTS: tuple[tuple[str, str], ...] = (
@@ -47,12 +62,9 @@ class JengaFlagError(ValueError):
 class JengaOptions:
     """What `--enable-jenga` and its options asked for.
 
-    `alpha` None means "auto" (online tuning); a float fixes the FLOP weight of eviction.
-    `prompt_end` keeps the SSM state at the end of each prompt (speculative admissions): on by
-    default in a server, where clients resend a conversation with the reply re-rendered.
+    `policy` is the record the policy flags produced (admission, eviction, alpha or auto, the
+    prompt-end state, ghost tokens; policies/registry.py), built by policies/bundles.py.
     `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
-    `ghost_tokens` bounds the token ids of finished requests the 'jenga' admission remembers
-    to find branch points in evicted histories (policies/ghost.py; 0 turns it off).
     `capture` is how planned SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the
     forward writes them, binding/capture_forward.py) or 'cut' (the chunk ends there and the
     next round goes on, binding/prefill_cut.py); 'cut' is also what models whose state layers
@@ -60,19 +72,21 @@ class JengaOptions:
     """
 
     enabled: bool = False
-    admission: str = "jenga"
-    eviction: str = "jenga"
-    alpha: float | None = None
-    prompt_end: bool = True
+    policy: PolicyRecord = SERVER_POLICY
     pool: bool = True
-    ghost_tokens: int = GHOST_TOKENS
     capture: str = "in-pass"
 
 
-def parse_alpha(text: str) -> float | None:
+def options_of(server_args: Any) -> JengaOptions:
+    """Our options as carried on a ServerArgs record (defaults when the plugin did not parse)."""
+    found = getattr(server_args, JENGA_ATTR, None)
+    return found if isinstance(found, JengaOptions) else JengaOptions()
+
+
+def parse_alpha(text: str) -> float | Literal["auto"]:
     """`auto` or a non-negative float."""
     if text == "auto":
-        return None
+        return "auto"
     try:
         value = float(text)
     except ValueError:
@@ -81,6 +95,15 @@ def parse_alpha(text: str) -> float | None:
     if not value >= 0:  # also rejects nan
         raise argparse.ArgumentTypeError(f"--jenga-alpha must be >= 0, got {text!r}")
     return value
+
+
+def parse_policy(text: str) -> str:
+    """The name of a bundle (policies/registry.py)."""
+    try:
+        bundle(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--jenga-policy: {exc}") from None
+    return text
 
 
 def parse_ghost_tokens(text: str) -> int:
@@ -108,6 +131,15 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         "the last decoded token, FLOP-aware eviction. Selects --radix-cache-backend jenga.",
     )
     group.add_argument(
+        "--jenga-policy",
+        type=parse_policy,
+        default=None,
+        metavar="NAME",
+        help="Named policy bundle the other --jenga-* policy flags start from (default "
+        f"'jenga'): {', '.join(bundle_names())} (policies/README.md). The prompt-end state "
+        "stays on unless --no-jenga-prompt-end.",
+    )
+    group.add_argument(
         "--jenga-admission",
         choices=ADMISSIONS,
         default=None,
@@ -119,7 +151,8 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         choices=EVICTIONS,
         default=None,
         help="Eviction order: 'jenga' (FLOP-aware, superseded checkpoints first; default), "
-        "'flop-aware' (Marconi), 'lru'.",
+        "'flop-aware' (Marconi), 'marconi' (Marconi as its reference simulator computes it), "
+        "'lru'.",
     )
     group.add_argument(
         "--jenga-alpha",
@@ -171,6 +204,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
         given = [
             flag
             for attr, flag in (
+                ("jenga_policy", "--jenga-policy"),
                 ("jenga_admission", "--jenga-admission"),
                 ("jenga_eviction", "--jenga-eviction"),
                 ("jenga_alpha", "--jenga-alpha"),
@@ -207,16 +241,30 @@ def check_conflicts(args: argparse.Namespace) -> None:
 
 def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
     """Our options from a parsed namespace (after `check_conflicts`)."""
-    alpha = getattr(args, "jenga_alpha", None)
-    prompt_end = getattr(args, "jenga_prompt_end", None)
-    ghost = getattr(args, "jenga_ghost_tokens", None)
     return JengaOptions(
         enabled=bool(getattr(args, "enable_jenga", False)),
-        admission=getattr(args, "jenga_admission", None) or "jenga",
-        eviction=getattr(args, "jenga_eviction", None) or "jenga",
-        alpha=alpha if isinstance(alpha, float) else None,
-        prompt_end=True if prompt_end is None else bool(prompt_end),
+        policy=policy_from_namespace(args),
         pool=getattr(args, "jenga_pool", None) is not False,
-        ghost_tokens=GHOST_TOKENS if ghost is None else int(ghost),
         capture=getattr(args, "jenga_capture", None) or "in-pass",
     )
+
+
+def policy_from_namespace(args: argparse.Namespace) -> PolicyRecord:
+    """The named bundle (`SERVER_POLICY` when none), the prompt-end state on, and then every
+    policy flag given."""
+    name = getattr(args, "jenga_policy", None)
+    record = SERVER_POLICY if name is None else replace(bundle(name), prompt_end=True)
+    changes: dict[str, Any] = {}
+    for attr, key in (
+        ("jenga_admission", "admission"),
+        ("jenga_eviction", "eviction"),
+        ("jenga_prompt_end", "prompt_end"),
+        ("jenga_ghost_tokens", "ghost_tokens"),
+    ):
+        value = getattr(args, attr, None)
+        if value is not None:
+            changes[key] = value
+    alpha = getattr(args, "jenga_alpha", None)
+    if alpha is not None:
+        changes["alpha"] = None if alpha == "auto" else float(alpha)
+    return replace(record, **changes)

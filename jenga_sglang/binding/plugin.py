@@ -38,7 +38,6 @@ from typing import Any
 from jenga_sglang.binding.options import (
     BACKEND_NAME,
     JENGA_ATTR,
-    JengaOptions,
     add_jenga_args,
     check_conflicts,
     options_from_namespace,
@@ -59,12 +58,6 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
 
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
     setattr(result, JENGA_ATTR, options_from_namespace(args))
-
-
-def options_of(server_args: Any) -> JengaOptions:
-    """Our options as carried on a ServerArgs record (defaults when the plugin did not parse)."""
-    found = getattr(server_args, JENGA_ATTR, None)
-    return found if isinstance(found, JengaOptions) else JengaOptions()
 
 
 def register() -> None:

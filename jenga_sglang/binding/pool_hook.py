@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
+from jenga_sglang.binding.options import options_of
 from jenga_sglang.binding.pool_build import (
     KVShape,
     PoolBuildError,
@@ -33,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 
 def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
-    from jenga_sglang.binding.plugin import options_of
-
     options = options_of(configurator.server_args)
     return (
         options.enabled

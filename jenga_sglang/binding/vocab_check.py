@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jenga_sglang.binding.options import options_of
+
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 
 
@@ -25,8 +27,6 @@ def first_out_of_vocab(ids: Sequence[int], vocab_size: int) -> tuple[int, int] |
 
 
 def before_validate_one_request(manager: Any, obj: Any, input_ids: Any, *a: Any, **k: Any) -> None:
-    from jenga_sglang.binding.plugin import options_of
-
     if input_ids is None or not options_of(manager.server_args).enabled:
         return
     vocab_size = int(manager.model_config.vocab_size)

@@ -3,34 +3,32 @@
 Registered into config.py's dispatch when `jenga_sglang.models` is imported: pure Mamba2 (no
 attention), Gemma 3 (sliding-window and full attention layers), Qwen3.5 text (Gated DeltaNet,
 dense MLP) and the plain full-attention families (Llama, Qwen2, Qwen3). Same conventions as
-config.py: every field read is checked, shapes per tensor-parallel rank, FLOPs per model.
+config.py: every field read is checked (hf_fields.py), shapes per tensor-parallel rank and FLOPs
+per model (groups.py).
 """
 
 from __future__ import annotations
 
-from jenga_sglang.models.config import (
-    _attention,
-    _Ctx,
-    _Fields,
-    _gated_deltanet,
-    _gated_mlp,
-    _mamba,
-    _mamba2_flops,
-    _qwen3_next,
-    _Ssm,
-    register_builder,
+from jenga_sglang.models.config import qwen3_next, register_builder
+from jenga_sglang.models.groups import (
+    attention_group,
+    gated_deltanet_group,
+    gated_mlp_flops,
+    mamba2_flops,
+    mamba_group,
 )
+from jenga_sglang.models.hf_fields import Ctx, Fields, Ssm
 from jenga_sglang.models.spec import LayerGroup, MlpGroup
 
 
-def _mamba2(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
+def _mamba2(f: Fields, ctx: Ctx) -> list[LayerGroup]:
     """Mamba2ForCausalLM: every layer one Mamba2 mixer, no attention and no MLP."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     heads, hdim = f.int("num_heads"), f.int("head_dim")
     d_inner = f.int("expand") * d
     if heads * hdim != d_inner:
         raise f.error("head_dim", f"does not fit: {heads} heads x {hdim} != expand x hidden_size")
-    ssm = _Ssm(
+    ssm = Ssm(
         d_inner,
         heads,
         hdim,
@@ -40,21 +38,21 @@ def _mamba2(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
         "num_heads",
         "n_groups",
     )
-    return [_mamba(f, ctx, ssm, n, _mamba2_flops(d, ssm))]
+    return [mamba_group(f, ctx, ssm, n, mamba2_flops(d, ssm))]
 
 
-def _dense(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
+def _dense(f: Fields, ctx: Ctx) -> list[LayerGroup]:
     """A decoder of full-attention layers and gated MLPs (Llama, Qwen2, Qwen3)."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     heads = f.int("num_attention_heads")
     head_dim = f.int("head_dim") if f.has("head_dim") else d // heads
     return [
-        _attention(f, ctx, "attention", n, head_dim),
-        MlpGroup("mlp", n, float(_gated_mlp(d, f.int("intermediate_size")))),
+        attention_group(f, ctx, "attention", n, head_dim),
+        MlpGroup("mlp", n, float(gated_mlp_flops(d, f.int("intermediate_size")))),
     ]
 
 
-def _count_layer_type(f: _Fields, n: int, counted: str, other: str) -> int:
+def _count_layer_type(f: Fields, n: int, counted: str, other: str) -> int:
     """How many of the n entries of `layer_types` (each `counted` or `other`) are `counted`."""
     types = f.str_list("layer_types", {counted, other})
     if len(types) != n:
@@ -62,7 +60,7 @@ def _count_layer_type(f: _Fields, n: int, counted: str, other: str) -> int:
     return types.count(counted)
 
 
-def _gemma3(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
+def _gemma3(f: Fields, ctx: Ctx) -> list[LayerGroup]:
     """Gemma3ForCausalLM: sliding-window layers with a full attention layer every few."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     if f.has("layer_types"):
@@ -73,14 +71,14 @@ def _gemma3(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     head_dim = f.int("head_dim")
     groups: list[LayerGroup] = []
     if n - sliding:
-        groups.append(_attention(f, ctx, "attention", n - sliding, head_dim))
+        groups.append(attention_group(f, ctx, "attention", n - sliding, head_dim))
     if sliding:
         window = f.int("sliding_window")
-        groups.append(_attention(f, ctx, "sliding", sliding, head_dim, window=window))
-    return [*groups, MlpGroup("mlp", n, float(_gated_mlp(d, f.int("intermediate_size"))))]
+        groups.append(attention_group(f, ctx, "sliding", sliding, head_dim, window=window))
+    return [*groups, MlpGroup("mlp", n, float(gated_mlp_flops(d, f.int("intermediate_size"))))]
 
 
-def _qwen3_5(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
+def _qwen3_5(f: Fields, ctx: Ctx) -> list[LayerGroup]:
     """Qwen3.5 text (dense): Gated DeltaNet layers and gated full attention layers."""
     n, d = f.int("num_hidden_layers"), f.int("hidden_size")
     if f.has("layer_types"):
@@ -88,11 +86,11 @@ def _qwen3_5(f: _Fields, ctx: _Ctx) -> list[LayerGroup]:
     else:
         interval = f.int("full_attention_interval")
         full = sum(1 for i in range(n) if (i + 1) % interval == 0)
-    attn = _attention(f, ctx, "attention", full, f.int("head_dim"), output_gate=True)
+    attn = attention_group(f, ctx, "attention", full, f.int("head_dim"), output_gate=True)
     return [
         attn,
-        _gated_deltanet(f, ctx, n - full),
-        MlpGroup("mlp", n, float(_gated_mlp(d, f.int("intermediate_size")))),
+        gated_deltanet_group(f, ctx, n - full),
+        MlpGroup("mlp", n, float(gated_mlp_flops(d, f.int("intermediate_size")))),
     ]
 
 
@@ -105,4 +103,4 @@ register_builder("Mamba2ForCausalLM", _mamba2)
 register_builder("Gemma3ForCausalLM", _gemma3)
 register_builder("Qwen3_5ForCausalLM", _qwen3_5)
 # Qwen3.5-MoE text: Qwen3-Next's layout (routed + shared experts, no decoder_sparse_step).
-register_builder("Qwen3_5MoeForCausalLM", _qwen3_next)
+register_builder("Qwen3_5MoeForCausalLM", qwen3_next)

@@ -19,9 +19,10 @@ of `sink_bytes` = max page size rounded up to `alignment`, and every view gets o
 front: row 0 ends where large page 0 starts (inside the sink) and row i >= 1 is pool page i - 1.
 The sink rows of different types overlap each other (garbage by contract), never a page.
 
-SGLang 0.5.23 compatibility. The page_major.py view builders named in DESIGN are not in the
-installed 0.5.23 wheel; its byte-buffer builders live in mem_cache/layout/token_major.py and
-paged_view.py. Ours match their shapes where that is meaningful:
+SGLang 0.5.23 compatibility. The wheel has no page-major view builder (only the
+`--enable-page-major-kv-layout` flag, which `--jenga-pool` rejects); its byte-buffer builders
+live in mem_cache/layout/token_major.py and paged_view.py. Ours match their shapes where that is
+meaningful:
 * `paged_view`/`paged_kv_view` give [num_pages, page_size, head_num, head_dim]: our K/V views
   have this shape. With tokens_per_page == 1, `KVLayerViews.k_slots` is the [slots, heads,
   head_dim] per-layer view of `build_dense_views` (slot stride = page bytes instead of entry

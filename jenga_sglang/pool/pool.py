@@ -32,13 +32,10 @@ remainder below one large page. Every hot path is O(1) amortised per page.
 
 from __future__ import annotations
 
+from jenga_sglang.pool.bookkeeping import EMPTY, EVICTABLE, FREE, STATE_NAMES, USED, Books
 from jenga_sglang.pool.sizing import PoolGeometry
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, Pages, PageType, Usage
-
-EMPTY, EVICTABLE, USED = 0, 1, 2
-FREE = -1  # type index of a large page that is not carved
-_STATE_NAMES = ("empty", "evictable", "used")
 
 
 class JengaPool(CacheMemory):
@@ -335,7 +332,7 @@ class JengaPool(CacheMemory):
             if lp_type[page // per] != k or state[page] != expected:
                 raise ValueError(
                     f"{op}({t}): page {page} is {self._describe(k, page)}, "
-                    f"expected {_STATE_NAMES[expected]}"
+                    f"expected {STATE_NAMES[expected]}"
                 )
         return ids
 
@@ -345,7 +342,7 @@ class JengaPool(CacheMemory):
             return "in a free large page"
         if carved != k:
             return f"in a large page carved as {self._types[carved]}"
-        return _STATE_NAMES[self._state[k][page]]
+        return STATE_NAMES[self._state[k][page]]
 
     def _k(self, ptype: PageType) -> int:
         k = self._index.get(ptype)
@@ -359,6 +356,24 @@ class JengaPool(CacheMemory):
             raise ValueError(f"{self._types[k]} page id {page!r} out of range [0, {limit})")
 
     # ---- integrity ----------------------------------------------------------------------------
+
+    def books(self) -> Books:
+        """The bookkeeping itself (not copies), for the integrity check and tests."""
+        return Books(
+            self._per,
+            self._state,
+            self._lp_type,
+            self._lp_owner,
+            self._lp_next,
+            self._lp_stack,
+            self._lp_count,
+            self._free_large,
+            self._owner_open,
+            self._type_open,
+            self._carved,
+            self._reclaimable,
+            self._count,
+        )
 
     def check_integrity(self) -> None:
         from jenga_sglang.pool.integrity import check_pool

@@ -1,6 +1,6 @@
 """Page sizes of the Jenga pool: one small-page type per cache kind, one large page for all.
 
-Small-page types (DESIGN "The Jenga pool, precisely"):
+Small-page types (how the pool carves them: pool/pool.py):
 
 * one KV type per attention group: a page holds `tokens_per_page` tokens of K and V for every
   layer of the group (`tokens_per_page * AttentionGroup.kv_bytes_per_token` bytes);
