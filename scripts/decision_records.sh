@@ -14,10 +14,10 @@ agent=data/traces/agent-e65e885ce70e.jsonl.gz
 sharegpt=out/sharegpt-1.jsonl.gz
 $bench sweep "${grid[@]}" --model marconi-7b --cache-gb 1,2,3,4,5,10 \
     --policies jenga,marconi,sglang-lru,vllm-blocks --json --jobs 2 --out "$out/grid.jsonl"
-$bench sweep --trace $agent --model marconi-7b --cache-gb 5,10,15,20,40 \
-    --policies jenga,marconi,sglang-lru,sglang-native --json --jobs 2 --out "$out/agent.jsonl"
+$bench sweep --trace $agent --model marconi-7b --cache-gb 5,10,15,20,40 --caches jenga,sglang-native \
+    --policies jenga,marconi,sglang-lru --json --jobs 2 --out "$out/agent.jsonl"
 $bench replay --json --trace $sharegpt --cache-gb 2 --policy jenga --via sglang > "$out/via-sharegpt.jsonl"
-$bench sweep --trace $sharegpt --cache-gb 2 --policies sglang-native,sglang-native-unified \
+$bench sweep --trace $sharegpt --cache-gb 2 --caches sglang-native,sglang-native-unified \
     --json --jobs 2 --out "$out/native-sharegpt.jsonl"
 $bench replay --json --trace $agent --cache-gb 5 --policy jenga --via sglang > "$out/via-agent.jsonl"
 $bench robustness --jobs 2 --out "$out/robustness" > /dev/null || true   # exit 1 = a target missed
