@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml scripts/install-cpu.sh
 	bash scripts/install-cpu.sh
 
 demo: install tiny-model
-	$(PY) -m jenga_sglang.bench.demo
+	$(PY) -m jenga_sglang.bench.cli.demo
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -41,12 +41,12 @@ data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 # Serve the tiny model with SGLang on CPU, stock and with --enable-jenga; one JSON summary
 # (docs/e2e-cpu.md). About 10 minutes on 2 cores.
 e2e-cpu: tiny-model
-	$(PY) -m jenga_sglang.bench.e2e_cpu --model data/tiny-model --out out/e2e
+	$(PY) -m jenga_sglang.bench.studies.e2e_cpu --model data/tiny-model --out out/e2e
 
-# Every tiny model family (bench/tiny_families.py) served stock and with --enable-jenga on CPU;
+# Every tiny model family (bench/drivers/tiny_families.py) served stock and with --enable-jenga on CPU;
 # out/e2e-models/summary.json and a table (docs/models.md). Builds missing models under data/.
 e2e-models: install
-	$(PY) -m jenga_sglang.bench.e2e_models --out out/e2e-models
+	$(PY) -m jenga_sglang.bench.studies.e2e_models --out out/e2e-models
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -58,5 +58,5 @@ typecheck: install
 check: lint typecheck test
 
 clean:
-	rm -f jenga_sglang/*.so radix/*.so policies/*.so bench/*.so jenga_sglang/_compiled.stamp
+	rm -f jenga_sglang/*.so radix/*.so policies/*.so bench/*/*.so jenga_sglang/_compiled.stamp
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

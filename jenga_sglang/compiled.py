@@ -63,11 +63,11 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.policies.bypass",
     "jenga_sglang.policies.tuning",
     "jenga_sglang.policies.replay_grid",
-    "jenga_sglang.bench.replay",
-    "jenga_sglang.bench.engine_config",
-    "jenga_sglang.bench.engine_batch",
-    "jenga_sglang.bench.engine_cache",
-    "jenga_sglang.bench.engine",
+    "jenga_sglang.bench.simulation.replay",
+    "jenga_sglang.bench.simulation.engine_config",
+    "jenga_sglang.bench.simulation.engine_batch",
+    "jenga_sglang.bench.simulation.engine_cache",
+    "jenga_sglang.bench.simulation.engine",
 )
 
 #: Written by the build: the digest of the sources it compiled.

@@ -2,9 +2,9 @@
 
     PYTHONPATH=$PWD .venv/bin/python scripts/determinism_cpu.py --runs stock,stock,jenga
 
-Serves the tiny model once per run (bench/server.py, `no_buffer`), replays the same load at
-concurrency 8 with greedy decoding (bench/online.py): 8 two-turn chat sessions (`--load
-sessions`) or bench/e2e_cpu.py's chat8 load (`--load chat8`: 24 requests sharing a 150-word
+Serves the tiny model once per run (bench/drivers/server.py, `no_buffer`), replays the same load at
+concurrency 8 with greedy decoding (bench/studies/online.py): 8 two-turn chat sessions (`--load
+sessions`) or bench/studies/e2e_cpu.py's chat8 load (`--load chat8`: 24 requests sharing a 150-word
 system prompt), and compares every completion of each run with the first run's: how many
 differ, and at which character.
 `--extra` flags go to every server (e.g. `--enable-deterministic-inference`).
@@ -17,9 +17,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from jenga_sglang.bench.online import replay
-from jenga_sglang.bench.online_turns import WORDS, OnlineConfig, Turn, sessions_from_trace
-from jenga_sglang.bench.server import LocalServer
+from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies.online import replay
+from jenga_sglang.bench.traces.turns import WORDS, OnlineConfig, Turn, sessions_from_trace
 
 
 def sessions(n: int = 8) -> list[list[Turn]]:
@@ -30,9 +30,10 @@ def sessions(n: int = 8) -> list[list[Turn]]:
 
 
 def chat8_sessions(cache_dir: Path) -> list[list[Turn]]:
-    """bench/e2e_cpu.py's chat8 load: 24 single-turn requests sharing a 150-word system prompt."""
-    from jenga_sglang.bench.e2e_cpu import CHAT8, chat8_config
-    from jenga_sglang.bench.traces_cli import cached_trace
+    """bench/studies/e2e_cpu.py's chat8 load: 24 single-turn requests sharing a 150-word
+    system prompt."""
+    from jenga_sglang.bench.studies.e2e_cpu import CHAT8, chat8_config
+    from jenga_sglang.bench.traces.build import cached_trace
 
     trace = cached_trace("system-chat", CHAT8, cache_dir)
     config = chat8_config(OnlineConfig("http://127.0.0.1:1"), "http://127.0.0.1:1")

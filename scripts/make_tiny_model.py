@@ -3,7 +3,7 @@
     .venv/bin/python scripts/make_tiny_model.py [--out data/tiny-model] [--seed 0]
         [--family nemotron_h|falcon_h1|granite_moe_hybrid|mamba2|qwen3_5|gpt_oss|gemma3|llama]
 
-`--family` picks one of bench/tiny_families.py's configs (docs/models.md); the text below
+`--family` picks one of bench/drivers/tiny_families.py's configs (docs/models.md); the text below
 describes the default, the others differ only in config.json and tensor names.
 
 Everything is made here, offline and reproducibly (same seed, same bytes):
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench.tiny_families import DEFAULT_FAMILY, FAMILIES, family_config
+from jenga_sglang.bench.drivers.tiny_families import DEFAULT_FAMILY, FAMILIES, family_config
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -59,7 +59,8 @@ The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor 
 
 
 def model_config(vocab_size: int, family: str = DEFAULT_FAMILY) -> dict[str, Any]:
-    """The tiny config of `family` (bench/tiny_families.py) for `vocab_size` embedding rows."""
+    """The tiny config of `family` (bench/drivers/tiny_families.py) for `vocab_size`
+    embedding rows."""
     return family_config(family, vocab_size)
 
 

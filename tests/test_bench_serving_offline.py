@@ -15,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from jenga_sglang.bench.agentic_trace import write_agentic_trace
-from jenga_sglang.bench.bench_serving_cpu import OFFLINE_ENV, bench_serving_argv, prefill_figures
-from jenga_sglang.bench.online_turns import OnlineConfig
-from jenga_sglang.bench.server import LocalServer
-from jenga_sglang.bench.trace import Request, write_trace
+from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies.bench_serving_cpu import (
+    OFFLINE_ENV,
+    bench_serving_argv,
+    prefill_figures,
+)
+from jenga_sglang.bench.traces.agentic_trace import write_agentic_trace
+from jenga_sglang.bench.traces.trace import Request, write_trace
+from jenga_sglang.bench.traces.turns import OnlineConfig
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

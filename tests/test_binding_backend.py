@@ -238,8 +238,8 @@ def unified(sg: Any) -> Any:
     state's bytes, so an empty pool can hand out 2043 KV tokens or 4 states."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-    from jenga_sglang.bench import sglang_pools
-    from jenga_sglang.bench.sglang_split import SglangSplit
+    from jenga_sglang.bench.drivers import sglang_pools
+    from jenga_sglang.bench.drivers.sglang_split import SglangSplit
     from jenga_sglang.binding.backend import JengaRadixCache
     from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.models import get_spec

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.tiny_families import family_config
+from jenga_sglang.bench.drivers.tiny_families import family_config
 from jenga_sglang.binding.compat import (
     FAMILIES,
     UnsupportedModelError,

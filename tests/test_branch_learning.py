@@ -303,7 +303,7 @@ def test_two_caches_on_the_same_agent_stream_make_the_same_decisions():
     """Tensor-parallel ranks run one cache each: the ghost, the rewrite statistics and the
     expendable order must be as deterministic as the rest (logical clock, ids, no hashing of
     objects)."""
-    from jenga_sglang.bench.agent import AgentParams, agent_trace
+    from jenga_sglang.bench.traces.agent import AgentParams, agent_trace
     from jenga_sglang.policies.bundles import build_cache, byte_budget
 
     params = AgentParams(sessions=8, rate=2.0, min_turns=20, max_turns=24, obs_median=60)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jenga_sglang.bench.trace import Request, sort_requests, write_trace
+from jenga_sglang.bench.traces.trace import Request, sort_requests, write_trace
 
 REPLAY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "trace": str,
@@ -48,7 +48,7 @@ ENGINE_FIELDS: dict[str, type | tuple[type, ...]] = {
 
 
 def cli(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, *flags, "-m", "jenga_sglang.bench.cli", *args]
+    cmd = [sys.executable, *flags, "-m", "jenga_sglang.bench.cli.main", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import jenga_sglang.radix.tree
-from jenga_sglang.bench.runner import RunConfig, run
-from jenga_sglang.bench.trace import Request, sort_requests, write_trace
+from jenga_sglang.bench.runs.runner import RunConfig, run
+from jenga_sglang.bench.traces.trace import Request, sort_requests, write_trace
 from jenga_sglang.compiled import MODULES, compiled, source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def tiny_trace(tmp_path: Path) -> Path:
 
 _REPLAYS = """
 import json, sys
-from jenga_sglang.bench.runner import RunConfig, run
+from jenga_sglang.bench.runs.runner import RunConfig, run
 from jenga_sglang.compiled import compiled
 for mode in ("sequential", "engine"):
     for policy in ("jenga", "marconi", "sglang-lru", "vllm-blocks"):

@@ -1,7 +1,7 @@
 """`make e2e-models` on a subset, served stock and with --enable-jenga on CPU
-(bench/e2e_models.py): Falcon-H1 (Mamba2 and attention in one block) and Gemma 3 (sliding-window
-and full attention in SGLang's one KV pool). The linear-attention family (Qwen3.5) is not in the
-subset: stock SGLang does not serve it on CPU (docs/models.md).
+(bench/studies/e2e_models.py): Falcon-H1 (Mamba2 and attention in one block) and Gemma 3
+(sliding-window and full attention in SGLang's one KV pool). The linear-attention family (Qwen3.5)
+is not in the subset: stock SGLang does not serve it on CPU (docs/models.md).
 
 For each: our backend serves it, the greedy replies of the whole session are the stock
 server's, and the hits are what they must be: for Gemma 3 exactly SGLang's own cache's (every
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jenga_sglang.bench.e2e_models import BRANCH_AT, PROMPT, run_models
+from jenga_sglang.bench.studies.e2e_models import BRANCH_AT, PROMPT, run_models
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

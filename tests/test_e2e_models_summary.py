@@ -1,10 +1,10 @@
-"""bench/e2e_models.py without a server: the session's prompts and the summary rows."""
+"""bench/studies/e2e_models.py without a server: the session's prompts and the summary rows."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from jenga_sglang.bench.e2e_models import (
+from jenga_sglang.bench.studies.e2e_models import (
     BRANCH_AT,
     PROMPT,
     STEPS,

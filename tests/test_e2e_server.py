@@ -1,11 +1,11 @@
 """End to end on CPU: `python -m sglang.launch_server --enable-jenga` serves the tiny model.
 
-Once per Mamba cache strategy (bench/server.py `STRATEGIES`): `no_buffer` without overlap
+Once per Mamba cache strategy (bench/drivers/server.py `STRATEGIES`): `no_buffer` without overlap
 scheduling, and `extra_buffer` with overlap scheduling (SGLang's GPU default, which the plugin
 lets SGLang take on CPU). Starts the real server on loopback, sends two chat turns of one
-session through the OpenAI-compatible API (bench/online.py's client), and stops it. The second
-turn repeats the first prompt with the server's reply re-rendered by the chat template, so its
-cached tokens come from the real scheduler calling our backend. Then three token-id requests
+session through the OpenAI-compatible API (bench/studies/online.py's client), and stops it. The
+second turn repeats the first prompt with the server's reply re-rendered by the chat template, so
+its cached tokens come from the real scheduler calling our backend. Then three token-id requests
 through /generate check the state captured exactly at a branch point in SGLang's real
 PrefillAdder and forward. The same requests go to a stock server first (no `--enable-jenga`,
 same flags and strategy): requests are sent one at a time, so the schedules are the same and the
@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import pytest
 
-from jenga_sglang.bench.online import TurnResult, replay
-from jenga_sglang.bench.online_turns import OnlineConfig, Turn
-from jenga_sglang.bench.server import LocalServer
+from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies.online import TurnResult, replay
+from jenga_sglang.bench.traces.turns import OnlineConfig, Turn
 
 pytestmark = pytest.mark.sglang
 

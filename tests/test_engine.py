@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from jenga_sglang.bench.cost_model import CostModel
-from jenga_sglang.bench.engine import EngineConfig, replay_engine
-from jenga_sglang.bench.replay import PackedRequest, pack
-from jenga_sglang.bench.runner import build_memory
-from jenga_sglang.bench.trace import Request
+from jenga_sglang.bench.runs.runner import build_memory
+from jenga_sglang.bench.simulation.cost_model import CostModel
+from jenga_sglang.bench.simulation.engine import EngineConfig, replay_engine
+from jenga_sglang.bench.traces.packed import PackedRequest, pack
+from jenga_sglang.bench.traces.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache, byte_budget
 from jenga_sglang.radix.cache import PrefixCache

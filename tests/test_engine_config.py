@@ -1,7 +1,7 @@
 """The engine's configuration fields and its observer, on the tiny scenarios of test_engine.py.
 
 The defaults are the engine replay's; the other values are the fragmentation study's rules
-(bench/frag_timeline.py `study_config`), each checked on its own here.
+(bench/studies/frag_timeline.py `study_config`), each checked on its own here.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from jenga_sglang.bench.engine import EngineConfig, EngineObserver, replay_engine
-from jenga_sglang.bench.engine_batch import Running, reserve_tokens
-from jenga_sglang.bench.engine_cache import EngineCache
-from jenga_sglang.bench.replay import pack
-from jenga_sglang.bench.trace import Request
+from jenga_sglang.bench.simulation.engine import EngineConfig, EngineObserver, replay_engine
+from jenga_sglang.bench.simulation.engine_batch import Running, reserve_tokens
+from jenga_sglang.bench.simulation.engine_cache import EngineCache
+from jenga_sglang.bench.traces.packed import pack
+from jenga_sglang.bench.traces.trace import Request
 from jenga_sglang.radix.pages import PageType
 from tests.test_engine import COST, KV, STATE, cache_of, two_strangers
 
@@ -100,7 +100,7 @@ def test_the_fragmentation_study_runs_under_either_rules(
 ) -> None:
     """The study's own rules and the engine replays' give different schedules on one workload
     (per-request chunks take fewer steps), every request finishing under both."""
-    from jenga_sglang.bench.fragmentation import main
+    from jenga_sglang.bench.studies.fragmentation import main
 
     argv = ["--requests", "6", "--min-tokens", "3000", "--max-tokens", "9000"]
     argv += ["--decode-tokens", "200", "--chunk-tokens", "1024", "--jobs", "1", "--json"]

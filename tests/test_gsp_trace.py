@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jenga_sglang.bench.gsp import GSPParams, gsp_trace
-from jenga_sglang.bench.trace import load_trace_with_meta
-from jenga_sglang.bench.traces_cli import main as traces_main
+from jenga_sglang.bench.cli.traces import main as traces_main
+from jenga_sglang.bench.traces.gsp import GSPParams, gsp_trace
+from jenga_sglang.bench.traces.trace import load_trace_with_meta
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

@@ -6,7 +6,8 @@ when it runs), except those under `if TYPE_CHECKING:`. radix/, policies/, bench/
 sit beside the package and are its subpackages through symlinks, so they are walked as
 jenga_sglang.radix etc. Importing a module does not count as importing its package's
 `__init__` (every package would otherwise close a circle with its own submodules). The same
-graph folded onto the subpackages (radix, policies, binding, pool, ...) must be one-way too.
+graph folded onto the subpackages (radix, policies, binding, pool, ..., and bench's own:
+bench.traces, bench.simulation, ...) must be one-way too.
 """
 
 from __future__ import annotations
@@ -16,13 +17,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "jenga_sglang"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-#: Circles other branches of the refactor (issue #18) are breaking: radix <-> policies and
-#: bench's command-line modules. Their test is expected to fail until those land.
-IN_PROGRESS = ("radix", "policies", "bench")
 
 
 def _modules() -> dict[str, Path]:
@@ -115,10 +111,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The module graph folded onto jenga_sglang's subpackages (top-level modules stay)."""
+    """The module graph folded onto jenga_sglang's subpackages and bench's (top-level modules
+    stay)."""
 
     def package(module: str) -> str:
-        return ".".join(module.split(".")[:2])
+        parts = module.split(".")
+        depth = 3 if len(parts) > 3 and parts[1] == "bench" else 2
+        return ".".join(parts[:depth])
 
     folded: dict[str, set[str]] = {package(m): set() for m in graph}
     for module, targets in graph.items():
@@ -126,30 +125,19 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return folded
 
 
-def _in_progress(component: list[str]) -> bool:
-    return all(m.split(".")[1] in IN_PROGRESS for m in component)
-
-
 def test_the_graph_sees_lazy_imports_and_the_symlinked_folders() -> None:
     graph = import_graph()
-    assert "jenga_sglang.radix.tree" in graph and "jenga_sglang.bench.cli" in graph
+    assert "jenga_sglang.radix.tree" in graph and "jenga_sglang.bench.cli.main" in graph
     # imported inside register(), not at module level
     assert "jenga_sglang.binding.pool_hook" in graph["jenga_sglang.binding.plugin"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_no_import_cycles() -> None:
-    found = [c for c in cycles(import_graph()) if not _in_progress(c)]
+    found = cycles(import_graph())
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_no_import_cycles_between_subpackages() -> None:
-    found = [c for c in cycles(package_graph(import_graph())) if not _in_progress(c)]
-    assert not found, "\n".join(" <-> ".join(c) for c in found)
-
-
-@pytest.mark.xfail(strict=False, reason="radix/policies and bench circles: issue #18, in progress")
-def test_no_import_cycles_in_radix_policies_bench() -> None:
-    graph = import_graph()
-    found = [c for c in cycles(graph) + cycles(package_graph(graph)) if _in_progress(c)]
+    found = cycles(package_graph(import_graph()))
     assert not found, "\n".join(" <-> ".join(c) for c in found)

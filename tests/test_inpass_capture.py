@@ -10,8 +10,8 @@ prefix-alone prefill's own in_proj GEMM (over p tokens instead of the whole row)
 input differently and the bf16 store then rounds it to the neighbouring value (CPU BLAS kernels
 vary with the matrix shape and the instruction set, so which elements, if any, depends on the
 machine; near-cancelling sums make the fp32 part); extra_buffer on CPU
-needs fp32 conv states (an fp32 model; bench/server.py), where the same GEMM difference shows as a
-few fp32 ulps (within 1e-5). Positions cover p below the conv width, before, at and
+needs fp32 conv states (an fp32 model; bench/drivers/server.py), where the same GEMM difference
+shows as a few fp32 ulps (within 1e-5). Positions cover p below the conv width, before, at and
 after a scan-chunk boundary (64), several rows of one batch starting mid-chunk, a resumed
 request, the second and third chunk of a chunked prefill, and the admission's own plan.
 The pure parts (geometry, slot bookkeeping) are tested here directly.
@@ -112,7 +112,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
-    from jenga_sglang.bench.server import STRATEGY_ENV
+    from jenga_sglang.bench.drivers.server import STRATEGY_ENV
 
     done = subprocess.run(
         [sys.executable, "-m", "tests.inpass_probe", "--model", str(model), "--strategy", strategy],
@@ -131,7 +131,7 @@ def _probe(model: Path, strategy: str) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_inpass_states_equal_prefix_alone_prefill(tiny_model: Path, strategy: str) -> None:
     found = _probe(tiny_model, strategy)
-    fp32_conv = strategy == "extra_buffer"  # bench/server.py STRATEGY_ENV
+    fp32_conv = strategy == "extra_buffer"  # bench/drivers/server.py STRATEGY_ENV
     scenarios = ["single", "batch-row0", "batch-row1", "batch-row2", "resumed", "chunked"]
     for name in [*scenarios, "natural"]:
         for row in found[name]["rows"]:

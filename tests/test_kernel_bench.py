@@ -1,8 +1,8 @@
 """The capture benchmark's smoke run: it runs, and its two capture routes agree.
 
-`python -m jenga_sglang.bench.kernel_bench --smoke` times our in-pass capture (conv gather plus
-roll-forward from the scan's chunk states) against SGLang's tracked-state route on the same packed
-prefill; the SSM states of both routes must be the same to fp32 rounding, or the benchmark
+`python -m jenga_sglang.bench.studies.kernel_bench --smoke` times our in-pass capture (conv gather
+plus roll-forward from the scan's chunk states) against SGLang's tracked-state route on the same
+packed prefill; the SSM states of both routes must be the same to fp32 rounding, or the benchmark
 compares two different computations.
 """
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.exactness, pytest.mark.sglang]
 
 def test_smoke_routes_agree_and_times_are_measured() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "jenga_sglang.bench.kernel_bench", "--smoke"],
+        [sys.executable, "-m", "jenga_sglang.bench.studies.kernel_bench", "--smoke"],
         cwd=ROOT,
         capture_output=True,
         text=True,

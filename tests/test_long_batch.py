@@ -1,4 +1,5 @@
-"""SGLang's static KV/Mamba split as an engine memory, against the Jenga pool (bench/long_batch.py).
+"""SGLang's static KV/Mamba split as an engine memory, against the Jenga pool
+(bench/studies/long_batch.py).
 
 Tiny hybrid spec (tests/radix_helpers.py): 16 KV bytes per token, one SSM state = 80 bytes.
 Budget 1,520 bytes. SGLang's split with ratio 0.9: Mamba budget 1520 * 0.9 / 1.9 = 720 bytes,
@@ -18,20 +19,20 @@ from pathlib import Path
 import pytest
 from radix_helpers import hybrid_spec
 
-from jenga_sglang.bench.cli import main
-from jenga_sglang.bench.cost_model import CostModel
-from jenga_sglang.bench.engine import EngineConfig, EngineStats, replay_engine
-from jenga_sglang.bench.long_batch import (
+from jenga_sglang.bench.cli.main import main
+from jenga_sglang.bench.drivers.sglang_split import static_split
+from jenga_sglang.bench.drivers.split_memory import StaticSplitMemory, split_memory
+from jenga_sglang.bench.runs.runner import RunConfig, run
+from jenga_sglang.bench.simulation.cost_model import CostModel
+from jenga_sglang.bench.simulation.engine import EngineConfig, EngineStats, replay_engine
+from jenga_sglang.bench.studies.long_batch import (
     Workload,
     decode_batch_means,
     long_context_batch,
     summarize,
 )
-from jenga_sglang.bench.replay import PackedRequest, pack
-from jenga_sglang.bench.runner import RunConfig, run
-from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.bench.split_memory import StaticSplitMemory, split_memory
-from jenga_sglang.bench.trace import Request
+from jenga_sglang.bench.traces.packed import PackedRequest, pack
+from jenga_sglang.bench.traces.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache
 from jenga_sglang.pool import JengaPool, geometry_for_spec
@@ -210,7 +211,7 @@ def test_pure_python_memories_never_import_sglang(tmp_path: Path) -> None:
     argv = ["long-batch", "--cache-gb", "1.2", "--requests", "2", "--min-input", "20000"]
     argv += ["--max-input", "21000", "--min-output", "2", "--max-output", "3", *PURE]
     code = (
-        "import sys; from jenga_sglang.bench.cli import main; "
+        "import sys; from jenga_sglang.bench.cli.main import main; "
         f"assert main({argv!r}) == 0; print(sorted({{'sglang'}} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

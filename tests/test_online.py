@@ -19,10 +19,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from jenga_sglang.bench.online import run_online
-from jenga_sglang.bench.online_cli import add_online_parser
-from jenga_sglang.bench.online_turns import WORDS, OnlineConfig, sessions_from_trace, words_for
-from jenga_sglang.bench.trace import Request, write_trace
+from jenga_sglang.bench.cli.online import add_online_parser
+from jenga_sglang.bench.studies.online import run_online
+from jenga_sglang.bench.traces.trace import Request, write_trace
+from jenga_sglang.bench.traces.turns import (
+    WORDS,
+    OnlineConfig,
+    sessions_from_trace,
+    words_for,
+)
 
 MODEL = "fake-tiny"
 
@@ -230,14 +235,14 @@ def test_cli_bad_input_and_unreachable_server_are_one_line_errors(
     assert len(err) == 1 and "http://127.0.0.1:1" in err[0]
 
 
-# ---- SGLang's agentic-trace JSON (bench/agentic_trace.py) ----
+# ---- SGLang's agentic-trace JSON (bench/traces/agentic_trace.py) ----
 
 
 @pytest.mark.sglang
 def test_our_trace_written_as_agentic_trace_loads_in_sglang(tmp_path: Path) -> None:
     from sglang.benchmark.datasets.agentic_trace import AgenticTraceDataset
 
-    from jenga_sglang.bench.agentic_trace import (
+    from jenga_sglang.bench.traces.agentic_trace import (
         is_agentic_trace,
         read_agentic_trace,
         write_agentic_trace,

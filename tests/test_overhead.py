@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.cli import main
+from jenga_sglang.bench.cli.main import main
 
 pytestmark = pytest.mark.sglang
 
 
 @pytest.mark.parametrize("cache", ["jenga", "sglang-native"])
 def test_stream_hits_the_shared_context_and_releases_everything(cache: str) -> None:
-    from jenga_sglang.bench.overhead import NEW_TOKENS, Point, build_cache, measure, warm
+    from jenga_sglang.bench.studies.overhead import NEW_TOKENS, Point, build_cache, measure, warm
 
     native = build_cache(cache, nodes=200, max_prompt=3000, running=4, requests=10)
     warmed: list[int] = []

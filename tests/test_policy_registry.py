@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 from radix_helpers import hybrid_spec
 
-from jenga_sglang.bench.cli import main
-from jenga_sglang.bench.runner import RunConfig, validate
+from jenga_sglang.bench.cli.main import main
+from jenga_sglang.bench.runs.runner import RunConfig, validate
 from jenga_sglang.binding.options import (
     SERVER_POLICY,
     JengaFlagError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jenga_sglang.bench.policy_targets import summary, table
+from jenga_sglang.bench.studies.policy_targets import summary, table
 
 
 def record(trace: str, gb: float, policy: str, rate: float, violations: int = 0) -> dict:  # type: ignore[type-arg]

@@ -343,7 +343,7 @@ def test_random_operations_keep_invariants(ops: list[int], request_aware: bool) 
 def test_fragmentation_benchmark_timeline_metrics_are_consistent(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from jenga_sglang.bench.fragmentation import main
+    from jenga_sglang.bench.studies.fragmentation import main
 
     argv = ["--requests", "6", "--min-tokens", "3000", "--max-tokens", "9000"]
     argv += ["--decode-tokens", "200", "--chunk-tokens", "1024", "--jobs", "1", "--json"]

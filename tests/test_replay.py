@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from jenga_sglang.bench.replay import PackedRequest, pack, replay_sequential
-from jenga_sglang.bench.trace import Request
+from jenga_sglang.bench.simulation.replay import replay_sequential
+from jenga_sglang.bench.traces.packed import PackedRequest, pack
+from jenga_sglang.bench.traces.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache, byte_budget
 from jenga_sglang.radix.cache import PrefixCache

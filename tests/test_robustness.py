@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.cli import build_parser
-from jenga_sglang.bench.robustness import (
+from jenga_sglang.bench.cli.main import build_parser
+from jenga_sglang.bench.cli.robustness import markdown, plot
+from jenga_sglang.bench.studies.robustness import (
     DEFAULT,
     ORACLE_GRID,
     configs_from,
     oracle_policies,
     summarise,
 )
-from jenga_sglang.bench.robustness_cli import markdown, plot
 
 
 def _records(trace: str, gb: float, jenga: float, marconi: float, lru: float,

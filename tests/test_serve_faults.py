@@ -25,8 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from jenga_sglang.bench.faults import generate, health, stream_generate, unexpected_tracebacks
-from jenga_sglang.bench.server import LocalServer
+from jenga_sglang.bench.drivers.faults import (
+    generate,
+    health,
+    stream_generate,
+    unexpected_tracebacks,
+)
+from jenga_sglang.bench.drivers.server import LocalServer
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 

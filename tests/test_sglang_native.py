@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.runner import RunConfig, run, validate
-from jenga_sglang.bench.sglang_split import static_split
-from jenga_sglang.bench.trace import Request, write_trace
+from jenga_sglang.bench.drivers.sglang_split import static_split
+from jenga_sglang.bench.runs.runner import RunConfig, run, validate
+from jenga_sglang.bench.traces.trace import Request, write_trace
 from jenga_sglang.models.presets import get_spec
 
 GB = 10**9
@@ -66,7 +66,7 @@ def _seq(start: int, n: int) -> list[int]:
 
 @pytest.fixture(scope="module", params=[False, True], ids=["static", "unified"])
 def native(request: pytest.FixtureRequest) -> Iterator[Any]:
-    from jenga_sglang.bench.sglang_native import SglangNativeCache
+    from jenga_sglang.bench.drivers.sglang_native import SglangNativeCache
 
     yield lambda: SglangNativeCache(
         SPEC, static_split(SPEC, GB // 2), 4096, 8192, unified=request.param
@@ -129,7 +129,7 @@ def test_runner_record_of_a_native_replay(tmp_path: Path) -> None:
 
 @pytest.mark.sglang
 def test_via_sglang_our_backend_keeps_exact_states() -> None:
-    from jenga_sglang.bench.sglang_native import SglangNativeCache
+    from jenga_sglang.bench.drivers.sglang_native import SglangNativeCache
 
     cache = SglangNativeCache(SPEC, static_split(SPEC, GB // 2), 4096, 8192, True, "jenga")
     turn0_in, turn0_out = _seq(1000, 300), _seq(5000, 100)

@@ -1,11 +1,12 @@
-"""bench/soak.py's pieces that need no server: RSS of a process group, percentiles, prompts."""
+"""bench/studies/soak.py's pieces that need no server: RSS of a process group, percentiles,
+prompts."""
 
 from __future__ import annotations
 
 import os
 import random
 
-from jenga_sglang.bench.soak import HEAD_LEN, VOCAB, _pct, _prompt, group_rss_mb
+from jenga_sglang.bench.studies.soak import HEAD_LEN, VOCAB, _pct, _prompt, group_rss_mb
 
 
 def test_group_rss_counts_this_process_group() -> None:
@@ -23,7 +24,7 @@ def test_percentiles_and_prompts_share_heads() -> None:
 
 
 def test_known_startup_traceback_is_not_counted() -> None:
-    from jenga_sglang.bench.faults import unexpected_tracebacks
+    from jenga_sglang.bench.drivers.faults import unexpected_tracebacks
 
     known = "[t] post-warmup freeze_gc failed\nTraceback (a)\n  x\nTraceback (b)\n[t] ready\n"
     assert unexpected_tracebacks(known) == 0

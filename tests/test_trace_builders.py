@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench import synthetic as syn
-from jenga_sglang.bench.agent import AgentParams, agent_trace
-from jenga_sglang.bench.sharegpt import (
+from jenga_sglang.bench.cli.traces import main as traces_main
+from jenga_sglang.bench.traces import synthetic as syn
+from jenga_sglang.bench.traces.agent import AgentParams, agent_trace
+from jenga_sglang.bench.traces.sharegpt import (
     END_INST,
     EOS,
     INST,
@@ -23,8 +24,7 @@ from jenga_sglang.bench.sharegpt import (
     to_rounds,
     typing_seconds,
 )
-from jenga_sglang.bench.trace import Request, load_trace_with_meta
-from jenga_sglang.bench.traces_cli import main as traces_main
+from jenga_sglang.bench.traces.trace import Request, load_trace_with_meta
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

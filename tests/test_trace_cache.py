@@ -1,5 +1,5 @@
-"""The packed-trace cache (bench/trace_cache.py): same requests as parsing, a rewritten trace is
-parsed again, and a cache file is never trusted to run code."""
+"""The packed-trace cache (bench/traces/trace_cache.py): same requests as parsing, a rewritten trace
+is parsed again, and a cache file is never trusted to run code."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jenga_sglang.bench import runner, trace_cache
-from jenga_sglang.bench.replay import pack
-from jenga_sglang.bench.trace import load_trace
+from jenga_sglang.bench.runs import runner
+from jenga_sglang.bench.traces import trace_cache
+from jenga_sglang.bench.traces.packed import pack
+from jenga_sglang.bench.traces.trace import load_trace
 
 
 def _write(path: Path, turns: int, first_token: int = 1) -> None:

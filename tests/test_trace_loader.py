@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.trace import (
+from jenga_sglang.bench.traces.trace import (
     Request,
     TraceError,
     load_trace,

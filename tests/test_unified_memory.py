@@ -1,5 +1,5 @@
-"""SGLang's --enable-unified-memory pool as an engine memory (bench/unified_memory.py), on
-SGLang 0.5.23's real allocators on CPU.
+"""SGLang's --enable-unified-memory pool as an engine memory (bench/drivers/unified_memory.py),
+on SGLang 0.5.23's real allocators on CPU.
 
 marconi-7b: 65,536 KV bytes per token, one state = 26,787,840 bytes (408.75 tokens of KV). At
 0.5 GB SGLang's static split has 7 Mamba slots, so the unified buffer holds 0.5 GB less the
@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.bench.cli import main
-from jenga_sglang.bench.cost_model import CostModel
-from jenga_sglang.bench.engine import EngineConfig, replay_engine
-from jenga_sglang.bench.long_batch import MEMORIES
-from jenga_sglang.bench.replay import pack
-from jenga_sglang.bench.runner import RunConfig, run
-from jenga_sglang.bench.trace import Request
+from jenga_sglang.bench.cli.main import main
+from jenga_sglang.bench.runs.runner import RunConfig, run
+from jenga_sglang.bench.simulation.cost_model import CostModel
+from jenga_sglang.bench.simulation.engine import EngineConfig, replay_engine
+from jenga_sglang.bench.studies.long_batch import MEMORIES
+from jenga_sglang.bench.traces.packed import pack
+from jenga_sglang.bench.traces.trace import Request
 from jenga_sglang.models.presets import get_spec
 from jenga_sglang.policies.bundles import build_cache
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, Pages, PageType
@@ -34,7 +34,7 @@ COST = CostModel(peak_flops=1e15, mfu=1.0, hbm_bytes_per_s=1e12, step_overhead_s
 
 
 def memory(lazy: bool = True, budget: int = BUDGET, spec_name: str = "marconi-7b") -> Any:
-    from jenga_sglang.bench.unified_memory import unified_memory
+    from jenga_sglang.bench.drivers.unified_memory import unified_memory
 
     return unified_memory(get_spec(spec_name), budget, lazy_compaction=lazy)
 
@@ -72,8 +72,8 @@ def test_a_54_gb_pool_is_built_without_paging_its_buffer_in() -> None:
 def test_allocations_fail_exactly_when_sglangs_allocator_does(lazy: bool) -> None:
     """The same random alloc / free sequence on our memory and directly on a twin SGLang
     allocator: the same successes, failures and ids, and the counters conserved throughout."""
-    from jenga_sglang.bench import sglang_pools
-    from jenga_sglang.bench.sglang_split import static_split
+    from jenga_sglang.bench.drivers import sglang_pools
+    from jenga_sglang.bench.drivers.sglang_split import static_split
 
     mem = memory(lazy)
     twin = sglang_pools.unified_pools(SPEC, static_split(SPEC, BUDGET), 1, False, lazy)
