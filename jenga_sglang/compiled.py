@@ -62,6 +62,7 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.policies.branching",
     "jenga_sglang.policies.bypass",
     "jenga_sglang.policies.tuning",
+    "jenga_sglang.policies.tuners",
     "jenga_sglang.policies.replay_grid",
     "jenga_sglang.bench.simulation.replay",
     "jenga_sglang.bench.simulation.engine_config",

@@ -18,7 +18,8 @@ from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmissio
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.registry import PolicyRecord, bundle
-from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, SlidingTuner
+from jenga_sglang.policies.tuners import MarconiTuner, SlidingTuner
+from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.radix.memory import ByteBudget, CacheMemory

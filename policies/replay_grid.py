@@ -1,6 +1,6 @@
 """Replaying a window of recorded requests from a cache snapshot, once per alpha of a grid.
 
-The tuners (policies/tuning.py) score alphas this way. Everything here is a module-level
+The tuners (policies/tuners.py) score alphas this way. Everything here is a module-level
 function of picklable arguments, so a grid can run inline, in forked worker processes
 (`run_grid_parallel`) or in a background worker (policies/background.py).
 """

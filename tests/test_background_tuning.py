@@ -15,7 +15,7 @@ from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.policies.replay_grid import Recorded, Scores, run_grid_inline
-from jenga_sglang.policies.tuning import SlidingTuner
+from jenga_sglang.policies.tuners import SlidingTuner
 from jenga_sglang.radix.cache import PrefixCache
 
 

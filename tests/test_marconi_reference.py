@@ -16,7 +16,7 @@ from radix_helpers import hybrid_spec, make_cache, toks
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.reference_eviction import MarconiEviction
-from jenga_sglang.policies.tuning import MarconiTuner
+from jenga_sglang.policies.tuners import MarconiTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.tokens import TokenSeq
 

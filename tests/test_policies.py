@@ -14,7 +14,8 @@ from jenga_sglang.policies.bundles import build_cache, build_policies, byte_budg
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.registry import BUNDLES, bundle
 from jenga_sglang.policies.replay_grid import GridRunner, run_grid_inline
-from jenga_sglang.policies.tuning import AlphaTuner, MarconiTuner, Objective, SlidingTuner
+from jenga_sglang.policies.tuners import MarconiTuner, SlidingTuner
+from jenga_sglang.policies.tuning import AlphaTuner, Objective
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import Branch
 from jenga_sglang.radix.tokens import TokenSeq

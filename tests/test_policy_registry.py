@@ -25,7 +25,7 @@ from jenga_sglang.policies.bundles import build_policies
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.registry import BUNDLES, PolicyRecord, bundle
-from jenga_sglang.policies.tuning import MarconiTuner, SlidingTuner
+from jenga_sglang.policies.tuners import MarconiTuner, SlidingTuner
 
 #: What each bundle built before the registry (policies/bundles.py at 64209a0).
 BEFORE = {

@@ -17,7 +17,7 @@ from test_policies import chat_trace, serve_all
 from jenga_sglang.binding.tp_share import GroupShare, share_channel
 from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.replay_grid import Recorded, Scores, run_grid_inline
-from jenga_sglang.policies.tuning import SlidingTuner
+from jenga_sglang.policies.tuners import SlidingTuner
 
 RANKS = 2
 

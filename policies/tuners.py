@@ -1,0 +1,198 @@
+"""The two alpha tuners: Marconi's one-shot procedure and our sliding re-tuning.
+
+`AlphaTuner` (policies/tuning.py) observes the stream and runs the replays; a tuner decides
+which requests to record, when to replay them and from which snapshot.
+
+marconi (the reference's procedure, `MarconiTuner`)
+    alpha = 0 until tuning. N = requests seen at the first eviction; after 5 x N requests,
+    replay every request since the first, from the cache after the first request, once per
+    alpha of {0, 0.1, ..., 2.0}; adopt the alpha that saved the most FLOPs over the replay's
+    last 500 requests; tune once.
+
+jenga (ours, `SlidingTuner`)
+    Re-tunes all along the stream on windows of recent requests, each replayed from a snapshot
+    taken at its start, over alphas in [0, 1], scoring prefill tokens skipped; pauses between
+    windows grow while the choice is stable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import partial
+
+from jenga_sglang.policies.background import BackgroundReplay
+from jenga_sglang.policies.replay_grid import (
+    GridRunner,
+    Recorded,
+)
+from jenga_sglang.policies.tuning import (
+    ALPHA_GRID,
+    JENGA_GRID,
+    AlphaTuner,
+    Objective,
+    tail_scores,
+)
+from jenga_sglang.radix.cache import PrefixCache, ServeResult
+from jenga_sglang.radix.tokens import TokenSeq
+
+log = logging.getLogger(__name__)
+
+#: The reference's defaults: window m x N (m = 5; its LMSys runs use 15), scored on the last 500.
+BOOTSTRAP_MULTIPLIER = 5
+SCORED_TAIL = 500
+
+
+class MarconiTuner(AlphaTuner):
+    """Tune once, as the reference does (github ruipeterpan/marconi, read 2026-11-24).
+
+    alpha = 0 until then. N is the number of requests seen when the first eviction happens
+    (the evicting request counted). When `multiplier * N` requests have been seen, every
+    request since the first is replayed from the cache as it was after the first request
+    (the same state as the reference's empty-cache start: the first request cannot evict or
+    hit, whatever alpha) once per alpha, and the alpha whose replay saved the most FLOPs over
+    its last `scored_tail` requests is adopted, ties to the smallest alpha.
+
+    `from_start=False` is our earlier reading (kept as bundle `marconi-postevict`): snapshot at
+    the first eviction, window of the next N requests, scored whole.
+    """
+
+    def __init__(
+        self,
+        grid: Sequence[float] = ALPHA_GRID,
+        runner: GridRunner | None = None,
+        background: BackgroundReplay | None = None,
+        multiplier: int = BOOTSTRAP_MULTIPLIER,
+        scored_tail: int | None = SCORED_TAIL,
+        from_start: bool = True,
+    ) -> None:
+        super().__init__(grid, runner, background=background)
+        if multiplier < 2 or (scored_tail is not None and scored_tail < 1):
+            raise ValueError(f"need multiplier >= 2, scored_tail >= 1: {multiplier}, {scored_tail}")
+        self.multiplier = multiplier
+        self.scored_tail = scored_tail
+        self.from_start = from_start
+        self._snap: bytes | None = None
+        self._window: list[Recorded] = []
+        self._served: list[ServeResult | None] = []
+        self._window_len = 0
+        self._first_eviction = 0  # N: requests seen at the first eviction; 0 before it
+        self._done = False
+
+    def _observe(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+    ) -> None:
+        if self._done:
+            return
+        if self.from_start:
+            self._observe_from_start(cache, inp, out, served)
+            return
+        if self._snap is None:
+            cache.eviction.alpha = 0.0
+            if self._evicted(cache):
+                self._snap = self._snapshot(cache)
+                self._window_len = self.seen
+            return
+        self._window.append((inp, out))
+        self._served.append(served)
+        if len(self._window) >= self._window_len:
+            self._finish(cache, self._snap)
+
+    def _observe_from_start(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+    ) -> None:
+        if self._snap is None:  # the first request: the replays start after it
+            cache.eviction.alpha = 0.0
+            self._snap = self._snapshot(cache)
+        else:
+            self._window.append((inp, out))
+            self._served.append(served)
+        if not self._first_eviction and self._evicted(cache):
+            self._first_eviction = self.seen
+        if self._first_eviction and self.seen >= self.multiplier * self._first_eviction:
+            self._finish(cache, self._snap)
+
+    def _finish(self, cache: PrefixCache, snap: bytes) -> None:
+        window, served = self._window, self._served
+        self._done = True
+        self._snap, self._window, self._served = None, [], []
+        if self.scored_tail is None:
+            self._tune(cache, snap, window, served)
+            return
+        self._alpha_before = cache.eviction.alpha
+        job = partial(
+            tail_scores,
+            self.runner,
+            self.grid,
+            cache.eviction.alpha,
+            snap,
+            window,
+            served,
+            self.scored_tail,
+        )
+        self._run(cache, job)
+
+
+class SlidingTuner(AlphaTuner):
+    """Re-tune periodically on a window of recent requests, from a snapshot at its start.
+
+        first eviction
+             |<- window ->|<-- pause -->|<- window ->|<----- pause x 2 ----->|<- window ->|
+             snap  record  tune          snap  record tune (same alpha)       snap ...
+
+    The first window starts at the first eviction (before it every alpha behaves the same).
+    After each tuning the tuner pauses; when the choice did not change, the pause doubles (up
+    to `max_pause`), so a stable workload is re-checked ever more rarely, and a change of the
+    chosen alpha resets it to `pause`. Replay cost is len(grid) x window per tuning, not
+    len(grid) x the whole stream.
+
+    The grid stops at alpha = 1: beyond it the FLOP-efficiency term can outweigh the whole
+    recency range, so a node that is never hit again can outlive every recently used one.
+    """
+
+    def __init__(
+        self,
+        window: int = 300,
+        pause: int = 300,
+        max_pause: int = 4800,
+        grid: Sequence[float] = JENGA_GRID,
+        runner: GridRunner | None = None,
+        objective: Objective = Objective.TOKENS,
+        background: BackgroundReplay | None = None,
+    ) -> None:
+        super().__init__(grid, runner, objective, background)
+        if window < 1 or not 0 <= pause <= max_pause:
+            raise ValueError(
+                f"need window >= 1 and 0 <= pause <= max_pause: {window}, {pause}, {max_pause}"
+            )
+        self.window = window
+        self.base_pause = pause
+        self.max_pause = max_pause
+        self.pause = pause
+        self._wait = 0
+        self._snap: bytes | None = None
+        self._recorded: list[Recorded] = []
+        self._served: list[ServeResult | None] = []
+
+    def _observe(
+        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+    ) -> None:
+        if self._snap is not None:
+            self._recorded.append((inp, out))
+            self._served.append(served)
+            if len(self._recorded) >= self.window:
+                self._finish_window(cache, self._snap)
+        elif self._wait > 0:
+            self._wait -= 1
+        elif self._evicted(cache):
+            self._snap = self._snapshot(cache)
+
+    def _finish_window(self, cache: PrefixCache, snap: bytes) -> None:
+        recorded, served = self._recorded, self._served
+        self._snap, self._recorded, self._served = None, [], []
+        self._tune(cache, snap, recorded, served)
+
+    def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:
+        stable = tuned and cache.eviction.alpha == before
+        self.pause = min(self.max_pause, self.pause * 2) if stable else self.base_pause
+        self._wait = self.pause
