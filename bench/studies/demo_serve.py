@@ -47,7 +47,7 @@ def ensure_model(path: Path) -> None:
     if (path / "model.safetensors").exists():
         return
     _say(f"building the tiny model in {path} (a few seconds)")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"
     subprocess.run([sys.executable, str(script), "--out", str(path)], check=True, timeout=600)
 
 

@@ -33,7 +33,7 @@ from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import LocalServer, ServerError
 from jenga_sglang.bench.drivers.tiny_families import FAMILIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIRST_ID, VOCAB = 6, 512  # ids 0-5 are the shared tokenizer's special tokens
 PROMPT, BRANCH_AT, TAIL, NEW_TOKENS = 200, 150, 40, 8
 STEPS = ("turn1", "turn2", "branch_a", "branch_b")

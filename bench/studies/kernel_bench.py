@@ -264,7 +264,7 @@ def bench_capture(
 
 def _load_interpreter_patches() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
-    helper = Path(__file__).resolve().parents[1] / "tests" / "triton_cpu.py"
+    helper = Path(__file__).resolve().parents[2] / "tests" / "triton_cpu.py"
     spec = importlib.util.spec_from_file_location("triton_cpu", helper)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot load the interpreter helper {helper}")
