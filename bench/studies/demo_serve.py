@@ -14,10 +14,12 @@ A few minutes on 2 cores, most of it the two server starts; progress on stderr.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -101,5 +103,13 @@ def run_serve_demo(model: str | Path = "data/tiny-model", out_dir: str | Path = 
     return 0 if all(r["served"] == GROUPS * PER_GROUP for r in rows) else 1
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="data/tiny-model", help="built when missing")
+    parser.add_argument("--out", default="out/demo", help="server logs and the table")
+    args = parser.parse_args(argv)
+    return run_serve_demo(args.model, args.out)
+
+
 if __name__ == "__main__":
-    sys.exit(run_serve_demo())
+    sys.exit(main())

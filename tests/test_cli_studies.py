@@ -1,0 +1,46 @@
+"""Every study is a `jenga-bench` subcommand that hands its arguments to the study's own
+`main` (bench/cli/studies.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from jenga_sglang.bench.cli.main import build_parser, main
+from jenga_sglang.bench.cli.studies import STUDIES
+
+
+def test_every_study_module_has_a_main() -> None:
+    for module, _ in STUDIES.values():
+        study = importlib.import_module(f"jenga_sglang.bench.studies.{module}")
+        assert callable(study.main), module
+
+
+def test_every_study_is_a_subcommand_that_keeps_its_arguments() -> None:
+    parser = build_parser()
+    for name in STUDIES:
+        args = parser.parse_args([name, "--json", "a", "-x"])
+        assert args.argv == ["--json", "a", "-x"], name
+
+
+def test_flags_after_the_subcommand_reach_the_study(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["eviction", "--nodes", "200", "--evictions", "20", "--policies", "lru", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["policy"], r["nodes"]) for r in rows] == [("lru", 200)]
+
+
+def test_the_study_prints_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eviction", "--help"])
+    assert exit_.value.code == 0
+    assert "--evictions" in capsys.readouterr().out
+
+
+def test_a_bad_flag_is_the_study_s_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eviction", "--policies", "nope"])
+    assert exit_.value.code == 2
+    assert "unknown policies" in capsys.readouterr().err
