@@ -1,10 +1,12 @@
-"""Compare two directories of decision records (scripts/decision_records.sh), timings ignored.
+"""Compare two directories of decision records (scripts/decision_records.sh, engine_records.sh).
 
     python scripts/compare_records.py BEFORE_DIR AFTER_DIR
 
-Every JSON line of every `*.jsonl` file under BEFORE_DIR must have an identical twin (same
-file, same key fields) under AFTER_DIR once the fields that measure time, processes or the
-build are dropped. Prints one line per file and exits 1 on any difference.
+Every JSON line of every `*.jsonl` file under BEFORE_DIR must have a twin (same file, same key
+fields) under AFTER_DIR with every field it had unchanged (fields added since are allowed),
+once the fields that measure host time or the build are dropped, at any depth. Also reads the
+one-object outputs of scripts/engine_records.sh. Prints one line per file and exits 1 on any
+difference or on a file with nothing to compare.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ from typing import Any
 VOLATILE = frozenset({"wall_s", "cpu_s", "tuning_s", "tuning_cpu_s", "compiled", "peak_rss_mb"})
 
 
-def _stable(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k not in VOLATILE}
+def _stable(value: Any) -> Any:
+    """`value` without the volatile fields, at any depth (engine records nest per-run dicts)."""
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
 
 
 def _key(record: dict[str, Any]) -> str:
@@ -46,6 +53,10 @@ def main(before: Path, after: Path) -> int:
             bad += 1
             continue
         old, new = _load(old_path), _load(new_path)
+        if not old:  # nothing compared is no evidence: say so
+            print(f"{rel}: no JSON object lines before")
+            bad += 1
+            continue
         # fields added after BEFORE are allowed; every field BEFORE had must be unchanged
         diffs = [
             k
