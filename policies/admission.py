@@ -42,6 +42,7 @@ class SpeculativeAdmission(AdmissionPolicy):
         min_branch_tokens: int = 0,
         short_branch_fanout: int = 2,
         prompt_end: bool = False,
+        on_sequence: bool = False,
     ) -> None:
         if max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {max_states}")
@@ -54,14 +55,20 @@ class SpeculativeAdmission(AdmissionPolicy):
         self.min_branch_tokens = min_branch_tokens
         self.short_branch_fanout = short_branch_fanout
         self.prompt_end = prompt_end
+        self.plans_on_sequence = on_sequence
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         prefill: tuple[int, ...] = ()
-        if self._wants(branch) and hit_len < branch.length <= input_len and self.max_states >= 2:
-            prefill = (branch.length,)
+        finish: tuple[int, ...] = (total_len,)
+        reach = total_len if self.plans_on_sequence else input_len
+        if self._wants(branch) and hit_len < branch.length <= reach and self.max_states >= 2:
+            if branch.length <= input_len:
+                prefill = (branch.length,)
+            elif branch.length < total_len:
+                finish = (branch.length, total_len)
         if self._wants_prompt_end(branch, input_len, total_len, hit_len, prefill):
             prefill += (input_len,)
-        return CheckpointPlan(prefill_at=prefill, finish_at=(total_len,), cache_len=total_len)
+        return CheckpointPlan(prefill_at=prefill, finish_at=finish, cache_len=total_len)
 
     def _wants_prompt_end(
         self, branch: Branch, input_len: int, total_len: int, hit_len: int, planned: tuple[int, ...]

@@ -62,8 +62,10 @@ def jenga_admission(
 def build_admission(record: PolicyRecord, spec: ModelSpec) -> AdmissionPolicy:
     if record.admission == "jenga":
         return jenga_admission(spec, record.prompt_end, record.ghost_tokens)
-    if record.admission == "speculative":
-        return SpeculativeAdmission(prompt_end=record.prompt_end)
+    if record.admission in ("speculative", "speculative-sequence"):
+        return SpeculativeAdmission(
+            prompt_end=record.prompt_end, on_sequence=record.admission == "speculative-sequence"
+        )
     return EveryBlockAdmission()  # whole blocks: no prompt-end state, no ghost index
 
 

@@ -14,7 +14,8 @@ Two terms differ from `FlopAwareEviction` (which `jenga` builds on), both as the
 Recency runs on the reference's clock, kept here (`stamp`), since min-max of 1 / age is not
 invariant to the clock's offsets: the reference ticks once for the lookup, once for the insert,
 once for the insert's own walk of the sequence and, when the insert must evict, once for the
-eviction call. A hit stamps the deepest matched node at the walk's tick (the third), a new node
+eviction call. A hit stamps the deepest matched node at the walk's tick (the third; the lookup's
+tick when the output's walk matches a deeper node whole, which then takes the third), a new node
 takes the tick current when it is created (the third, or the fourth after an eviction), and the
 eviction measures ages from its own tick. A one-child node that is evicted hands its stamp to
 the child that absorbs it when that is newer (the reference keeps the later of the two).
@@ -45,6 +46,7 @@ class MarconiEviction(FlopAwareEviction):
         self._base = -3  # the reference clock when the current request started
         self._evicting = False  # the current request has evicted
         self._merging: tuple[int, Node] | None = None  # (one-child victim id, its child)
+        self._looked: Node | None = None  # the node the current request's lookup refreshed
 
     def now(self) -> int:
         """The reference's clock: the insert's walk (third tick of the request), or the
@@ -59,6 +61,7 @@ class MarconiEviction(FlopAwareEviction):
         # every request starts with one lookup: close the previous request's ticks
         self._base += 3 + self._evicting
         self._evicting = False
+        self._looked = None
 
     def update(self, node: Node) -> None:
         self.stamp(node)  # stamp every node when it appears, candidate or not
@@ -74,9 +77,25 @@ class MarconiEviction(FlopAwareEviction):
     def refresh(self, path: Sequence[Node], now: int) -> None:
         deepest = path[-1]
         deepest.last_access = now
-        self._stamps[deepest.id] = self.now()
-        if deepest in self._by_recency:
-            self._rank(deepest)
+        self._looked = deepest
+        self._restamp(deepest, self.now())
+
+    def passing(self, walk: Walk) -> None:
+        """The insert's own walk of input + output refreshes the deepest node it matches
+        whole, at its tick; the lookup's node, if another, keeps the lookup's tick (the first
+        of the request). Without this call (an engine, a server) the lookup's node takes the
+        insert's tick, as both are the same node whenever the output adds no whole node."""
+        whole = [node for node in walk.path if node.end <= walk.length]
+        if not whole or whole[-1] is self._looked:
+            return
+        if self._looked is not None:
+            self._restamp(self._looked, self._base + 1)
+        self._restamp(whole[-1], self.now())
+
+    def _restamp(self, node: Node, tick: int) -> None:
+        self._stamps[node.id] = tick
+        if node in self._by_recency:
+            self._rank(node)
 
     def remove(self, node: Node) -> None:
         if self._merging is not None and self._merging[0] == node.id:

@@ -9,6 +9,8 @@ vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
 marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
               tuning on the reference's schedule
+marconi-faithful   marconi with the reference's branch checkpoint (where input + output
+                   leaves the tree); the simulator's sequential serving only
 marconi-postevict  marconi with our earlier schedule (window after the first eviction)
 marconi-linear     marconi before the reference comparison (linear recency, node's own
                    bytes, prefix locked)
@@ -27,11 +29,13 @@ from typing import Literal, get_args
 
 from jenga_sglang.policies.branching import GHOST_TOKENS
 
-Admission = Literal["jenga", "speculative", "every-block"]
+Admission = Literal["jenga", "speculative", "speculative-sequence", "every-block"]
 Eviction = Literal["jenga", "flop-aware", "lru", "marconi"]
 Tuner = Literal["none", "sliding", "marconi", "marconi-postevict"]
 
 ADMISSIONS: tuple[str, ...] = get_args(Admission)
+#: What a server can run: 'speculative-sequence' plans on the output, unknown at admission.
+SERVER_ADMISSIONS: tuple[str, ...] = tuple(a for a in ADMISSIONS if a != "speculative-sequence")
 EVICTIONS: tuple[str, ...] = get_args(Eviction)
 TUNERS: tuple[str, ...] = get_args(Tuner)
 
@@ -41,7 +45,9 @@ class PolicyRecord:
     """What to build: the fields name kinds, not objects, so a record is hashable and picklable.
 
     admission    which SSM states enter the cache: 'jenga' (policies/branching.py),
-                 'speculative' (Marconi), 'every-block' (vLLM's blocks of 32)
+                 'speculative' (Marconi, branch where the input leaves the tree),
+                 'speculative-sequence' (the reference simulator's: where input + output
+                 leaves it; sequential serving only), 'every-block' (vLLM's blocks of 32)
     eviction     'jenga' (superseded checkpoints first, then FLOP-aware), 'flop-aware' (Marconi
                  as we first wrote it), 'marconi' (Marconi as the reference computes it), 'lru'
     alpha        FLOP weight of the eviction; None is 'auto': 0 until the tuner picks one
@@ -98,6 +104,12 @@ BUNDLES: dict[str, tuple[PolicyRecord, str]] = {
         "speculative admission + Marconi's eviction as the reference computes it (1 / age "
         "recency, efficiency per byte of the whole path) + one-shot tuning on the reference's "
         "schedule",
+    ),
+    "marconi-faithful": (
+        PolicyRecord("speculative-sequence", "marconi", tuner="marconi", lock_prefix=False),
+        "marconi with the reference simulator's branch checkpoint: where input + output leaves "
+        "the tree, which may lie in the output (policies/README.md row 17); sequential "
+        "simulation only, a server checkpoints during prefill",
     ),
     "marconi-linear": (
         PolicyRecord("speculative", "flop-aware", tuner="marconi"),

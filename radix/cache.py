@@ -134,8 +134,8 @@ class PrefixCache:
         nothing changes the tree before its commit (sequential serving); the lock then covers
         the part of it the plan stores."""
         now = self.tick()
-        self.tree.touch(found, now)
-        plan = CheckpointPlan() if total_len is None else self.plan(tokens, found, total_len)
+        self.tree.touch(found, now, ahead)
+        plan = CheckpointPlan() if total_len is None else self.plan(tokens, found, total_len, ahead)
         lease = Lease(tokens, found, plan, owner, now, ahead)
         if lock:
             lease._locked = True
@@ -148,8 +148,23 @@ class PrefixCache:
             self.tree.lock(lease._anchor)
         return lease
 
-    def plan(self, tokens: TokenSeq, result: MatchResult, total_len: int) -> CheckpointPlan:
-        branch = self.admission.recall(tokens, result.walk.branch())
+    def plan(
+        self, tokens: TokenSeq, result: MatchResult, total_len: int, ahead: Walk | None = None
+    ) -> CheckpointPlan:
+        """The admission's plan for input `tokens` matched as `result`, `total_len` tokens with
+        the output. `ahead`: the walk of the whole sequence, which an admission that
+        `plans_on_sequence` needs (sequential serving has it; an engine or a server does not
+        know the output yet, and is refused rather than planned on the input unsaid)."""
+        if self.admission.plans_on_sequence:
+            if ahead is None:
+                raise ValueError(
+                    f"{type(self.admission).__name__} plans on where input + output leaves the "
+                    "tree: only sequential serving knows the output at admission"
+                )
+            walk = ahead.prefix(total_len)
+        else:
+            walk = result.walk
+        branch = self.admission.recall(tokens, walk.branch())
         return self.admission.plan(branch, len(tokens), total_len, result.length)
 
     def extend(self, lease: Lease, count: int) -> None:

@@ -80,36 +80,44 @@ def insert_unlocked(
     counts every node among the candidates, the request's own prefix included. An eviction
     that takes part of the prefix leaves more of the key to store, and may remove the node
     the planned branch checkpoint would have split (the reference then needs no branch
-    state): walk again, re-plan, and allocate what is now missing, until nothing is.
+    state), or merge the node the key left at into its only child, so that the key now
+    leaves inside an edge (the reference then splits it, with a state): walk again, re-plan,
+    and allocate what is now missing, until nothing is. Like the reference, it makes room for
+    a leaf and a split state even when it stores fewer (`_reserved_states`).
 
-    Terminates: inside the loop the tree only loses nodes, so the walk only shortens and
-    `held` only grows (to at most len(key)); once the walk stops shortening the plan is
-    fixed, and one more pass allocates exactly what it lacks."""
+    Terminates: inside the loop the tree only loses nodes, so the walk only shortens, the
+    node end it stops at (if any) can only be merged away, never come back, and `held` only
+    grows (to at most len(key)); once the walk stops changing the plan is fixed, and one
+    more pass allocates exactly what it lacks."""
     kv: list[Pages] | None = None
     states: list[Pages] = []
     held = 0  # tokens [len(key) - held, len(key)) have pages in `kv`
-    walked = -1
+    walked: tuple[int, bool] | None = None  # (length, at a node end) of the last walk
     try:
         while True:
             walk = cache.tree.walk(key)
-            if walk.length != walked and walked >= 0:
+            shape = (walk.length, walk.branch().at_node_end)
+            if walked is not None and shape != walked:
                 positions = _replan(cache, lease.tokens, walk, lease.hit, len(key))
-            walked = walk.length
+            walked = shape
             missing = len(key) - walk.length - held
             if missing > 0:
                 more = cache.allocate_kv(missing, lease._owner)
                 kv = more if kv is None else [m.concat(k) for m, k in zip(more, kv, strict=True)]
                 held += missing
                 continue  # the KV allocation may have evicted part of the prefix
-            while len(states) > len(positions):
+            room = max(len(positions), _reserved_states(cache, walk))
+            while len(states) > room:
                 cache.free(None, [states.pop()])
-            if len(states) < len(positions):
-                states += cache.allocate_states(len(positions) - len(states), lease._owner)
+            if len(states) < room:
+                states += cache.allocate_states(room - len(states), lease._owner)
                 continue  # so may the states'
             break
     except OutOfMemory:
         cache.free(kv, states)
         return False
+    cache.free(None, states[len(positions) :])  # room made, not stored (_reserved_states)
+    del states[len(positions) :]
     if kv is None:
         kv = cache.allocate_kv(0, lease._owner)
     mapping = dict(zip(positions, states, strict=True))
@@ -117,8 +125,23 @@ def insert_unlocked(
     return True
 
 
+def _reserved_states(cache: PrefixCache, walk: Walk) -> int:
+    """States the reference simulator makes room for before it inserts: one for the leaf, and
+    one more when the sequence leaves the tree inside an edge (the split), whether or not it
+    then stores them (a sequence already cached to a node end stores none; one ending inside
+    an edge stores only the split's). It over-evicts by a state then, and so must we to evict
+    what it evicts."""
+    if cache.tree.state_type is None:
+        return 0
+    return 1 + (not walk.branch().at_node_end)
+
+
 def _replan(cache: PrefixCache, inp: TokenSeq, walk: Walk, hit: int, total: int) -> tuple[int, ...]:
-    """Checkpoint positions for the tree as it now is (the prefill already ran from `hit`)."""
-    branch = cache.admission.recall(inp, walk.prefix(len(inp)).branch())
-    plan = cache.admission.plan(branch, len(inp), total, hit)
+    """Checkpoint positions for the tree as it now is. The prefill ran from `hit`, but the
+    eviction may have taken the checkpoints up to it: the plan counts only those the tree
+    still holds as had (the state at `hit` itself is at hand, so it may be stored again)."""
+    own = walk if cache.admission.plans_on_sequence else walk.prefix(len(inp))
+    branch = cache.admission.recall(inp, own.branch())
+    had = max((p for p in walk.checkpoints() if p <= hit), default=0)
+    plan = cache.admission.plan(branch, len(inp), total, had)
     return plan.positions if cache.tree.state_type is not None else ()

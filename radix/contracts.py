@@ -70,6 +70,11 @@ class EvictionPolicy(ABC):
     def observe(self, walk: Walk) -> None:  # noqa: B027 - optional hook
         """A request's raw walk (where it leaves the tree), before anything is inserted."""
 
+    def passing(self, walk: Walk) -> None:  # noqa: B027 - optional hook
+        """The walk of the whole sequence (input + output) the request's insert will take,
+        told after `refresh` when the driver knows it (sequential serving). Marconi's
+        reference refreshes what that walk matches too; by default a hit refreshes alone."""
+
     def expend(self, nodes: Sequence[Node]) -> None:  # noqa: B027 - optional hook
         """The admission expects no later request to reuse `nodes` (a just-cached chain down
         to a leaf): a policy may evict them before anything else. A later hit through one of
@@ -116,13 +121,22 @@ class CheckpointPlan:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class AdmissionPolicy(ABC):
-    """Decides which SSM states (and how much of a sequence) enter the cache."""
+    """Decides which SSM states (and how much of a sequence) enter the cache.
+
+    `plans_on_sequence`: the branch a plan gets is where the whole sequence (input + output)
+    leaves the tree, as in Marconi's reference simulator, which inserts it in one piece; the
+    branch point may then lie in the output. Only a driver that knows the output at admission
+    (sequential serving) can plan so; `PrefixCache.plan` refuses it otherwise. False (every
+    policy a server runs): where the input leaves the tree, which is all prefill can checkpoint.
+    """
+
+    plans_on_sequence: bool = False
 
     @abstractmethod
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         """Plan for a request whose input has `input_len` tokens and whose input + output has
-        `total_len`. `branch` says where the input leaves the tree (speculative insertion), or
-        what `recall` made of that."""
+        `total_len`. `branch` says where the input (with `plans_on_sequence`, input + output)
+        leaves the tree (speculative insertion), or what `recall` made of that."""
 
     def recall(self, tokens: TokenSeq, branch: Branch) -> Branch:
         """The branch to plan `tokens` with, given where they leave the tree. A policy that

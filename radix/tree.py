@@ -144,13 +144,15 @@ class RadixTree(Evictor):
         path = tuple(n for n in walk.path if n.start < length)
         return MatchResult(length, path, walk)
 
-    def touch(self, result: MatchResult, now: int) -> None:
+    def touch(self, result: MatchResult, now: int, ahead: Walk | None = None) -> None:
         """Record a look-up: the policy sees where it left the tree and refreshes recency; the
-        deepest node counts the hit."""
+        deepest node counts the hit. `ahead`: the walk of input + output, when known."""
         self.policy.observe(result.walk)
         if result.path:
             result.path[-1].hit_count += 1
             self.policy.refresh(result.path, now)
+        if ahead is not None:
+            self.policy.passing(ahead)
 
     # ------------------------------------------------------------------ locks
 

@@ -64,6 +64,19 @@ def test_bad_ghost_tokens_are_rejected(bad: str) -> None:
         _parse("--enable-jenga", "--jenga-ghost-tokens", bad)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [("--jenga-policy", "marconi-faithful"), ("--jenga-admission", "speculative-sequence")],
+)
+def test_a_simulator_only_policy_is_refused_by_the_server(
+    argv: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It plans on the output, which a server does not know when it prefills."""
+    with pytest.raises(SystemExit):
+        _parse("--enable-jenga", *argv)
+    assert argv[1] in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["-1", "nan", "fast"])
 def test_bad_alpha_is_rejected(bad: str) -> None:
     with pytest.raises(SystemExit):

@@ -11,7 +11,7 @@ start *is* that replay, so the re-enactment needs no snapshot at all.
 from __future__ import annotations
 
 import pytest
-from radix_helpers import hybrid_spec, make_cache, toks
+from radix_helpers import hybrid_spec, make_cache, seq, toks
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.bundles import byte_budget
@@ -191,3 +191,95 @@ def test_an_insert_may_evict_its_own_prefix_as_the_reference_does(lock_prefix: b
     assert cache.tree.walk(a_in.concat(a_out)).length == 20  # only what B shares
     states = [n for n in cache.tree.nodes() if n.state is not None]
     assert [n.end for n in states] == [50]
+
+
+def _reference_cache(
+    budget: int, alpha: float = 1.0, on_sequence: bool = True
+) -> tuple[PrefixCache, MarconiEviction]:
+    """A cache deciding as the reference simulator: Marconi's eviction, the prefix unlocked,
+    and (`on_sequence`, bundle `marconi-faithful`) the branch of input + output."""
+    spec = hybrid_spec()
+    policy = MarconiEviction(alpha)
+    admission = SpeculativeAdmission(on_sequence=on_sequence)
+    return PrefixCache(spec, byte_budget(spec, budget), policy, admission, False), policy
+
+
+def _states(cache: PrefixCache) -> list[int]:
+    return sorted(n.end for n in cache.tree.nodes() if n.state is not None)
+
+
+@pytest.mark.parametrize("on_sequence", [True, False])
+def test_the_branch_checkpoint_is_where_input_and_output_leave_the_tree(on_sequence: bool):
+    """Row 17 of policies/README.md. The reference inserts input + output in one piece and
+    splits where that leaves the tree, in the output too, and takes no branch state when the
+    whole sequence is cached to a node end; `marconi` checkpoints where the input leaves."""
+    cache, _ = _reference_cache(10**6, on_sequence=on_sequence)
+    cache.serve(seq(1, 10), seq(11, 10), owner=0)  # tokens 1..20: a state at 20
+    second = cache.serve(seq(1, 5), TokenSeq.of([*range(6, 16), 99]), owner=1)
+    assert second.hit_tokens == 0
+    # input 1..5 leaves inside the edge at 5; input + output at 15, in the output
+    assert _states(cache) == ([15, 16, 20] if on_sequence else [5, 16, 20])
+    cache.serve(seq(1, 8), seq(9, 12), owner=2)  # the whole of 1..20 again, a node end
+    assert _states(cache) == ([15, 16, 20] if on_sequence else [5, 8, 16, 20])
+    cache.check_integrity()
+
+
+def test_the_insert_makes_room_for_a_leaf_state_it_does_not_store():
+    """The reference sizes an insert as its new KV plus one state for the leaf and one more
+    when it splits an edge, even when the sequence ends inside that edge and stores only the
+    split's state: with the cache nearly full, it evicts for the second. 16 bytes a token,
+    80 a state: 400 + 2 x 80 > 500, while the one state stored would have fit (480)."""
+    cache, _ = _reference_cache(500)
+    assert cache.serve(seq(1, 10), seq(11, 10), owner=0).cached  # 20 x 16 + 80 = 400 bytes
+    inside = cache.serve(seq(1, 10), seq(11, 5), owner=1)  # 1..15: ends inside 1..20's edge
+    assert inside.cached and cache.tree.evicted_nodes == 1
+    assert _states(cache) == [15] and cache.tree.walk(seq(1, 20)).length == 15
+    cache.check_integrity()
+
+
+def test_the_output_walk_refreshes_the_deepest_node_it_matches_whole():
+    """Row 15: the lookup stamps the deepest node the input matches at the request's first
+    tick; the insert's walk of input + output stamps the deepest node it matches whole at
+    the third. Three ticks a request, no eviction: the third request's ticks are 7, 8, 9."""
+    cache, policy = _reference_cache(10**6)
+    cache.serve(seq(1, 10), seq(11, 10), owner=0)
+    cache.serve(TokenSeq.of([*range(1, 11), 77]), toks(78), owner=1)  # split at 10
+    cache.serve(seq(1, 10), TokenSeq.of([*range(11, 21), 50]), owner=2)
+    by_end = {(n.start, n.end): n for n in cache.tree.nodes()}
+    assert policy.stamp(by_end[(0, 10)]) == 7  # the input's hit: the lookup's tick
+    assert policy.stamp(by_end[(10, 20)]) == 9  # the output's walk: the insert walk's tick
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("on_sequence", [True, False])
+def test_a_merge_of_the_node_the_key_leaves_at_is_split_again_with_a_state(on_sequence: bool):
+    """The insert's eviction may merge the node where the key leaves the tree into its only
+    child: the key then leaves inside an edge, and the reference splits it there with a
+    state. The plan is redone for that shape (not only for a shorter walk), and the state at
+    the request's hit, taken by the merge, is stored again. With alpha 50 efficiency orders
+    the victims: the short branch (5, 7), then the root node (0, 5), merged into (5, 15), then
+    the unrelated 7-token sequence, which the merge's extra split state makes room for."""
+    cache, _ = _reference_cache(720, alpha=50.0, on_sequence=on_sequence)
+    cache.serve(seq(200, 5), toks(205, 206), owner=0)
+    cache.serve(seq(1, 5), seq(6, 10), owner=1)
+    cache.serve(TokenSeq.of([1, 2, 3, 4, 5, 20]), toks(21), owner=2)  # states at 5, 7, 15
+    assert cache.tree.evicted_nodes == 0
+    served = cache.serve(TokenSeq.of([1, 2, 3, 4, 5, *range(30, 35)]), seq(35, 5), owner=3)
+    assert served.cached and served.hit_tokens == 5
+    assert cache.tree.walk(seq(200, 7)).length == 0  # the unrelated sequence went
+    ends = sorted((n.start, n.end, n.state is not None) for n in cache.tree.nodes())
+    assert ends == [(0, 5, True), (5, 15, True), (5, 15, True)]
+    cache.check_integrity()
+
+
+def test_a_cache_refuses_to_plan_on_the_sequence_without_its_walk() -> None:
+    """An engine or a server admits before the output exists: refused, not planned on the
+    input unsaid."""
+    spec = hybrid_spec()
+    cache = PrefixCache(
+        spec, byte_budget(spec, 10**6), MarconiEviction(), SpeculativeAdmission(on_sequence=True)
+    )
+    ids = TokenSeq.of([1, 2, 3])
+    with pytest.raises(ValueError, match="only sequential serving knows the output"):
+        cache.admit(ids, cache.lookup(ids), 5)  # an engine's or a server's admission
+    assert cache.serve(ids, TokenSeq.of([4, 5]), owner=0).cached  # sequential: planned

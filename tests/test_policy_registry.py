@@ -33,6 +33,7 @@ BEFORE = {
     "sglang-lru": (SpeculativeAdmission, LruEviction, type(None), True),
     "marconi": (SpeculativeAdmission, MarconiEviction, MarconiTuner, False),
     "marconi-linear": (SpeculativeAdmission, FlopAwareEviction, MarconiTuner, True),
+    "marconi-faithful": (SpeculativeAdmission, MarconiEviction, MarconiTuner, False),  # new
     "marconi-postevict": (SpeculativeAdmission, MarconiEviction, MarconiTuner, False),
     "jenga": (BranchLearningAdmission, JengaEviction, SlidingTuner, True),
 }
@@ -48,6 +49,7 @@ def test_every_bundle_builds_what_it_built_before(name: str) -> None:
     assert getattr(built.eviction, "alpha", 0.0) == 0.0  # auto starts at 0
     if isinstance(built.admission, SpeculativeAdmission):
         assert built.admission.prompt_end is False  # traces resend replies verbatim
+    assert built.admission.plans_on_sequence is (name == "marconi-faithful")
     if isinstance(built.tuner, MarconiTuner) and name == "marconi-postevict":
         assert built.tuner.multiplier == 2 and not built.tuner.from_start
 

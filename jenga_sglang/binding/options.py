@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from jenga_sglang.policies.branching import GHOST_TOKENS
 from jenga_sglang.policies.registry import (
-    ADMISSIONS,
     EVICTIONS,
+    SERVER_ADMISSIONS,
     PolicyRecord,
     bundle,
     bundle_names,
@@ -100,9 +100,14 @@ def parse_alpha(text: str) -> float | Literal["auto"]:
 def parse_policy(text: str) -> str:
     """The name of a bundle (policies/registry.py)."""
     try:
-        bundle(text)
+        record = bundle(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"--jenga-policy: {exc}") from None
+    if record.admission not in SERVER_ADMISSIONS:
+        raise argparse.ArgumentTypeError(
+            f"--jenga-policy: {text!r} plans checkpoints where input + output leaves the tree, "
+            "which a server cannot know before it prefills (a simulator-only baseline)"
+        )
     return text
 
 
@@ -141,7 +146,7 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--jenga-admission",
-        choices=ADMISSIONS,
+        choices=SERVER_ADMISSIONS,
         default=None,
         help="Which SSM states enter the cache: 'jenga' (branch points, skipping short ones, "
         "and the last decoded token; default), 'speculative' (Marconi), 'every-block'.",
