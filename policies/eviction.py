@@ -68,6 +68,12 @@ class LruEviction(EvictionPolicy):
             if node in self._leaves:
                 self._leaves.put(node, now)
 
+    def passing(self, walk: Walk, now: int) -> None:
+        """The reference's SGLang+ refreshes every node the insert's walk of input + output
+        reaches, the one it leaves inside an edge included (as SGLang's own `match_prefix`
+        stamps a node before it splits it), before it evicts."""
+        self.refresh(walk.path, now)
+
     def victim(self) -> Node | None:
         return self._leaves.first()
 

@@ -80,7 +80,7 @@ class MarconiEviction(FlopAwareEviction):
         self._looked = deepest
         self._restamp(deepest, self.now())
 
-    def passing(self, walk: Walk) -> None:
+    def passing(self, walk: Walk, now: int) -> None:
         """The insert's own walk of input + output refreshes the deepest node it matches
         whole, at its tick; the lookup's node, if another, keeps the lookup's tick (the first
         of the request). Without this call (an engine, a server) the lookup's node takes the

@@ -7,6 +7,8 @@ drive of our SGLang backend (`--via sglang`). policies/bundles.py builds the obj
 
 vllm-blocks   every-block admission (a state every 32 tokens) + LRU
 sglang-lru    speculative admission + LRU                    (Marconi's "SGLang+")
+sglang-lru-faithful  sglang-lru with the reference simulator's branch checkpoint and unlocked
+              prefix; the simulator's sequential serving only
 marconi       speculative admission + Marconi's eviction as the reference computes it + one-shot
               tuning on the reference's schedule
 marconi-faithful   marconi with the reference's branch checkpoint (where input + output
@@ -98,6 +100,12 @@ BUNDLES: dict[str, tuple[PolicyRecord, str]] = {
     "sglang-lru": (
         PolicyRecord("speculative", "lru", tuner="none"),
         "speculative admission + LRU (SGLang+)",
+    ),
+    "sglang-lru-faithful": (
+        PolicyRecord("speculative-sequence", "lru", tuner="none", lock_prefix=False),
+        "sglang-lru as the reference simulator's SGLang+ runs it: the branch checkpoint where "
+        "input + output leaves the tree, the request's own prefix a candidate while its insert "
+        "evicts; sequential simulation only",
     ),
     "marconi": (
         PolicyRecord("speculative", "marconi", tuner="marconi", lock_prefix=False),

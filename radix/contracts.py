@@ -70,10 +70,11 @@ class EvictionPolicy(ABC):
     def observe(self, walk: Walk) -> None:  # noqa: B027 - optional hook
         """A request's raw walk (where it leaves the tree), before anything is inserted."""
 
-    def passing(self, walk: Walk) -> None:  # noqa: B027 - optional hook
-        """The walk of the whole sequence (input + output) the request's insert will take,
-        told after `refresh` when the driver knows it (sequential serving). Marconi's
-        reference refreshes what that walk matches too; by default a hit refreshes alone."""
+    def passing(self, walk: Walk, now: int) -> None:  # noqa: B027 - optional hook
+        """The walk of the whole sequence (input + output) the request's insert will take at
+        time `now`, told after `refresh` when the driver knows it (sequential serving).
+        Marconi's reference simulator refreshes what that walk reaches too; by default a hit
+        refreshes alone."""
 
     def expend(self, nodes: Sequence[Node]) -> None:  # noqa: B027 - optional hook
         """The admission expects no later request to reuse `nodes` (a just-cached chain down

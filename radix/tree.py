@@ -152,7 +152,7 @@ class RadixTree(Evictor):
             result.path[-1].hit_count += 1
             self.policy.refresh(result.path, now)
         if ahead is not None:
-            self.policy.passing(ahead)
+            self.policy.passing(ahead, now)
 
     # ------------------------------------------------------------------ locks
 

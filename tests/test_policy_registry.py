@@ -31,6 +31,7 @@ from jenga_sglang.policies.tuners import MarconiTuner, SlidingTuner
 BEFORE = {
     "vllm-blocks": (EveryBlockAdmission, LruEviction, type(None), True),
     "sglang-lru": (SpeculativeAdmission, LruEviction, type(None), True),
+    "sglang-lru-faithful": (SpeculativeAdmission, LruEviction, type(None), False),  # new
     "marconi": (SpeculativeAdmission, MarconiEviction, MarconiTuner, False),
     "marconi-linear": (SpeculativeAdmission, FlopAwareEviction, MarconiTuner, True),
     "marconi-faithful": (SpeculativeAdmission, MarconiEviction, MarconiTuner, False),  # new
@@ -49,7 +50,7 @@ def test_every_bundle_builds_what_it_built_before(name: str) -> None:
     assert getattr(built.eviction, "alpha", 0.0) == 0.0  # auto starts at 0
     if isinstance(built.admission, SpeculativeAdmission):
         assert built.admission.prompt_end is False  # traces resend replies verbatim
-    assert built.admission.plans_on_sequence is (name == "marconi-faithful")
+    assert built.admission.plans_on_sequence is name.endswith("-faithful")
     if isinstance(built.tuner, MarconiTuner) and name == "marconi-postevict":
         assert built.tuner.multiplier == 2 and not built.tuner.from_start
 
