@@ -14,7 +14,7 @@ import pytest
 from radix_helpers import hybrid_spec, make_cache, seq, toks
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
-from jenga_sglang.policies.bundles import byte_budget
+from jenga_sglang.policies.bundles import build_cache, byte_budget
 from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.tuners import MarconiTuner
 from jenga_sglang.radix.cache import PrefixCache
@@ -283,3 +283,20 @@ def test_a_cache_refuses_to_plan_on_the_sequence_without_its_walk() -> None:
     with pytest.raises(ValueError, match="only sequential serving knows the output"):
         cache.admit(ids, cache.lookup(ids), 5)  # an engine's or a server's admission
     assert cache.serve(ids, TokenSeq.of([4, 5]), owner=0).cached  # sequential: planned
+
+
+def test_sglang_lru_faithful_refreshes_the_node_the_output_leaves_inside():
+    """The reference's SGLang+ refreshes every node its insert's walk of input + output
+    reaches before it evicts, the one it leaves inside an edge included: here the older
+    sequence, whose edge the new one splits, outlives a newer one. 16 bytes a token, 80 a
+    state: 400 + 256 cached, the split needs 16 + 2 x 80 more, one of the two must go."""
+    spec = hybrid_spec()
+    cache, _ = build_cache("sglang-lru-faithful", spec, byte_budget(spec, 700))
+    cache.serve(seq(1, 10), seq(11, 10), owner=0)  # A: 1..20, the older
+    cache.serve(seq(100, 6), seq(106, 5), owner=1)  # B: 100..110
+    served = cache.serve(seq(1, 5), TokenSeq.of([*range(6, 13), 99]), owner=2)
+    assert served.cached and cache.tree.evicted_nodes == 1
+    assert cache.tree.walk(seq(1, 20)).length == 20  # A stays, split at 12
+    assert cache.tree.walk(seq(100, 11)).length == 0  # B went
+    assert _states(cache) == [12, 13, 20]
+    cache.check_integrity()
