@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from jenga_sglang.policies.eviction import FlopAwareEviction
 from jenga_sglang.radix.contracts import NodeCost
 from jenga_sglang.radix.cost import SpecNodeCost
-from jenga_sglang.radix.match import Walk
+from jenga_sglang.radix.match import Walk, deepest_whole
 from jenga_sglang.radix.node import Node
 
 
@@ -85,12 +85,12 @@ class MarconiEviction(FlopAwareEviction):
         whole, at its tick; the lookup's node, if another, keeps the lookup's tick (the first
         of the request). Without this call (an engine, a server) the lookup's node takes the
         insert's tick, as both are the same node whenever the output adds no whole node."""
-        whole = [node for node in walk.path if node.end <= walk.length]
-        if not whole or whole[-1] is self._looked:
+        whole = deepest_whole(walk.path, walk.length)
+        if whole is None or whole is self._looked:
             return
         if self._looked is not None:
             self._restamp(self._looked, self._base + 1)
-        self._restamp(whole[-1], self.now())
+        self._restamp(whole, self.now())
 
     def _restamp(self, node: Node, tick: int) -> None:
         self._stamps[node.id] = tick

@@ -17,7 +17,7 @@ from jenga_sglang.radix.commit import insert_extended, insert_unlocked, insert_w
 from jenga_sglang.radix.contracts import AdmissionPolicy, CheckpointPlan, EvictionPolicy
 from jenga_sglang.radix.cost import SpecNodeCost
 from jenga_sglang.radix.lease import Lease
-from jenga_sglang.radix.match import MatchResult, Walk
+from jenga_sglang.radix.match import MatchResult, Walk, deepest_whole
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
@@ -141,7 +141,10 @@ class PrefixCache:
             lease._locked = True
             if ahead is None:
                 lease._anchor = found.node
-                lease._start = _deepest_whole(found)
+                # a later walk of the request's tokens may start there: the hit's last node
+                # may extend past the hit on another sequence (no Mamba group ends hits at
+                # node ends)
+                lease._start = deepest_whole(found.path, found.length)
             else:
                 path = ahead.prefix(plan.cache_len).path
                 lease._anchor = path[-1] if path else None
@@ -304,13 +307,3 @@ class PrefixCache:
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()
-
-
-def _deepest_whole(found: MatchResult) -> Node | None:
-    """The deepest node of the hit's path that the hit covers whole: a later walk of the same
-    request's tokens may start below it (its last node may extend past the hit on another
-    sequence when no Mamba group ends hits at node ends)."""
-    for node in reversed(found.path):
-        if node.end <= found.length:
-            return node
-    return None

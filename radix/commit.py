@@ -92,11 +92,12 @@ def insert_unlocked(
     kv: list[Pages] | None = None
     states: list[Pages] = []
     held = 0  # tokens [len(key) - held, len(key)) have pages in `kv`
-    walked: tuple[int, bool] | None = None  # (length, at a node end) of the last walk
+    walked: tuple[int, bool] | None = None  # (length, inside an edge) of the last walk
     try:
         while True:
             walk = cache.tree.walk(key)
-            shape = (walk.length, walk.branch().at_node_end)
+            inside_edge = not walk.branch().at_node_end
+            shape = (walk.length, inside_edge)
             if walked is not None and shape != walked:
                 positions = _replan(cache, lease.tokens, walk, lease.hit, len(key))
             walked = shape
@@ -106,7 +107,7 @@ def insert_unlocked(
                 kv = more if kv is None else [m.concat(k) for m, k in zip(more, kv, strict=True)]
                 held += missing
                 continue  # the KV allocation may have evicted part of the prefix
-            room = max(len(positions), _reserved_states(cache, walk))
+            room = max(len(positions), _reserved_states(cache, inside_edge))
             while len(states) > room:
                 cache.free(None, [states.pop()])
             if len(states) < room:
@@ -125,7 +126,7 @@ def insert_unlocked(
     return True
 
 
-def _reserved_states(cache: PrefixCache, walk: Walk) -> int:
+def _reserved_states(cache: PrefixCache, inside_edge: bool) -> int:
     """States the reference simulator makes room for before it inserts: one for the leaf, and
     one more when the sequence leaves the tree inside an edge (the split), whether or not it
     then stores them (a sequence already cached to a node end stores none; one ending inside
@@ -133,7 +134,7 @@ def _reserved_states(cache: PrefixCache, walk: Walk) -> int:
     what it evicts."""
     if cache.tree.state_type is None:
         return 0
-    return 1 + (not walk.branch().at_node_end)
+    return 1 + inside_edge
 
 
 def _replan(cache: PrefixCache, inp: TokenSeq, walk: Walk, hit: int, total: int) -> tuple[int, ...]:

@@ -49,6 +49,15 @@ class Walk:
         return Branch(self.length, at_end, at_end and last.state is not None, fanout, tail)
 
 
+def deepest_whole(path: tuple[Node, ...], length: int) -> Node | None:
+    """The deepest node of `path` that its first `length` tokens cover whole (the last node of
+    a walk or a hit may end past `length`, on another sequence)."""
+    for node in reversed(path):
+        if node.end <= length:
+            return node
+    return None
+
+
 def _tail(node: Node, at: int) -> int:
     """Tokens from `at` (inside `node`'s edge) to the end of the one cached sequence through
     `node`: follow only children down to a leaf. 0 when the path forks below (no single
