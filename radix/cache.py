@@ -61,6 +61,7 @@ class PrefixCache:
         eviction: EvictionPolicy,
         admission: AdmissionPolicy,
         lock_prefix: bool = True,
+        page: int = 1,
     ) -> None:
         self.spec = spec
         # False: a request's own cached prefix stays a candidate while its insert evicts, as in
@@ -69,7 +70,9 @@ class PrefixCache:
         self.memory = memory
         self.eviction = eviction
         self.admission = admission
-        self.tree = RadixTree(spec, memory, eviction)
+        # `page`: tokens per KV page of the server's allocator; hits, node boundaries and
+        # checkpoints then fall on page boundaries (radix/tree.py, Pages).
+        self.tree = RadixTree(spec, memory, eviction, page)
         state_type = self.tree.state_type
         self.cost = SpecNodeCost(
             spec,
@@ -168,7 +171,13 @@ class PrefixCache:
         else:
             walk = result.walk
         branch = self.admission.recall(tokens, walk.branch())
-        return self.admission.plan(branch, len(tokens), total_len, result.length)
+        return self.on_pages(
+            self.admission.plan(branch, len(tokens), total_len, result.length), result.length
+        )
+
+    def on_pages(self, plan: CheckpointPlan, hit: int) -> CheckpointPlan:
+        """`plan` as the tree can keep it: on page boundaries (`CheckpointPlan.on_pages`)."""
+        return plan if self.tree.page == 1 else plan.on_pages(self.tree.page, hit)
 
     def extend(self, lease: Lease, count: int) -> None:
         """Pages for `count` more tokens of the request (and, first, its running SSM state).
@@ -285,7 +294,8 @@ class PrefixCache:
         # One walk of input + output serves the match (its first len(input) tokens) and the
         # insert (its first cache_len tokens): the insert's path stays locked in between.
         walk = self.tree.walk(seq)
-        found = self.tree.match_walk(walk.prefix(len(input_tokens)))
+        whole = len(input_tokens) - len(input_tokens) % self.tree.page  # a hit is whole pages
+        found = self.tree.match_walk(walk.prefix(whole))
         lease = self.admit(
             input_tokens, found, len(seq), owner=owner, lock=self.lock_prefix, ahead=walk
         )

@@ -119,6 +119,26 @@ class CheckpointPlan:
     def positions(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.prefill_at) | set(self.finish_at)))
 
+    def on_pages(self, page: int, hit: int) -> CheckpointPlan:
+        """The plan a tree of `page`-token pages can keep: a checkpoint or a cached length only
+        on a page boundary, so each position is floored to one (dropped when that is no
+        further than the hit), as is `cache_len`; the expendable part starts at the page
+        holding `expendable_from`, so nothing before it is marked."""
+
+        def floored(ps: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(sorted({p - p % page for p in ps if p - p % page > hit}))
+
+        expendable = self.expendable_from
+        if expendable is not None:
+            expendable += -expendable % page
+        return CheckpointPlan(
+            floored(self.prefill_at),
+            floored(self.finish_at),
+            self.cache_len - self.cache_len % page,
+            expendable,
+            self.notes,
+        )
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class AdmissionPolicy(ABC):

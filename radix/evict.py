@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 
 
 def evict_for(tree: RadixTree, ptype: PageType) -> bool:
-    """Evictor callback of the memory: evict the policy's next victim."""
+    """Evictor callback of the memory: evict the policy's next victim. Short of a window
+    group's pages, first drop what lies out of every window (`trim_window`)."""
+    if ptype in tree.kv_types:
+        slot = tree.kv_types.index(ptype)
+        if tree.attention[slot].window is not None and trim_window(tree, slot):
+            return True
     victim = tree.policy.victim()
     if victim is None:
         return False
@@ -46,7 +51,7 @@ def evict_leaf(tree: RadixTree, node: Node) -> None:
     tree.evicted_states += len(states)
     parent = node.parent
     assert parent is not None
-    del parent.children[node.key.head(0)]
+    del parent.children[node.key.head(0, tree.page)]
     node.parent = None
     tree.policy.remove(node)
     tree.evicted_nodes += 1 + len(node.inner)
@@ -116,8 +121,40 @@ def _merge_into_child(tree: RadixTree, node: Node) -> None:
     child.inner = node.inner + child.inner
     child.parent = node.parent
     child.start = node.start
-    node.parent.children[child.key.head(0)] = child
+    node.parent.children[child.key.head(0, tree.page)] = child
     node.parent = None
     node.children = {}
     tree.policy.remove(node)
     tree.policy.update(child)
+
+
+def trim_window(tree: RadixTree, slot: int) -> bool:
+    """Free the window pages of group `slot` that no hit at a node end can use, in the least
+    recently used unlocked node that has any; False when no node has.
+
+    A hit at p needs the window's last w tokens [p - w, p) (rules.py). Every node end at or
+    below a node lies at or past its end, so of a node [start, end) only [end - w, end)
+    serves those hits: the part before it (whole pages) is what Jenga evicts first for a
+    sliding-window layer. It serves only hits that end inside the edge, where a later
+    request leaves it. Full-attention pages stay: every token of the edge is still cached.
+    One scan of the tree per call (the memory calls until it has room)."""
+    window = tree.attention[slot].window
+    assert window is not None
+    page = tree.page
+    best: Node | None = None
+    best_cut = 0
+    for node in tree.nodes():
+        if node.lock_ref or node.inner:
+            continue
+        cut = max(0, node.end - window - node.start)
+        cut -= cut % page
+        if cut > node.tombstones[slot] and (best is None or node.last_access < best.last_access):
+            best, best_cut = node, cut
+    if best is None:
+        return False
+    tomb = best.tombstones[slot]
+    gone, best.kv[slot] = best.kv[slot].split(best_cut - tomb)
+    best.tombstones[slot] = best_cut
+    tree.memory.free_evictable(tree.kv_types[slot], gone)
+    tree.policy.update(best)
+    return True

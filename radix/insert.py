@@ -51,7 +51,7 @@ def insert(
             "(lock the matched prefix while computing the rest)"
         )
     node = _node_ending_at(tree, walk)
-    kv = _free_duplicates(tree, key, start, walk.length, kv)
+    kv = _free_duplicates(tree, key, start, walk.length, kv, node)
     held = {p: st for p, st in states.items() if p <= walk.length}
     if walk.length < len(key):
         if _can_grow(tree, node, kv):
@@ -74,6 +74,10 @@ def _validate_insert(
         raise ValueError("insert of an empty key")
     if not 0 <= start <= size:
         raise ValueError(f"start {start} outside [0, {size}]")
+    if size % tree.page or start % tree.page:
+        raise ValueError(
+            f"insert of [{start}, {size}) in a tree of {tree.page}-token pages: whole pages only"
+        )
     if len(kv) != len(tree.attention):
         raise ValueError(
             f"expected pages for {len(tree.attention)} attention groups, got {len(kv)}"
@@ -88,6 +92,8 @@ def _validate_insert(
             raise ValueError("states given but the model has no Mamba group")
         if not 0 < pos <= size:
             raise ValueError(f"checkpoint position {pos} outside (0, {size}]")
+        if pos % tree.page:
+            raise ValueError(f"checkpoint position {pos} is not on a {tree.page}-token page")
         if len(state) != 1:
             raise ValueError(f"a checkpoint is one state page, got {len(state)}")
 
@@ -111,7 +117,7 @@ def _descend_splitting(
     """
     node = tree.root if node is None else node
     while pos < length:
-        child = node.children[key.head(pos)]
+        child = node.children[key.head(pos, tree.page)]
         if pos + len(child.key) > length:
             child = tree.split(child, length - pos)
         node, pos = child, pos + len(child.key)
@@ -130,7 +136,7 @@ def chain_below(tree: RadixTree, key: TokenSeq, at: int) -> list[Node]:
     while node.end < len(key):
         if chain and len(node.children) != 1:
             return []
-        node = node.children[key.head(node.end)]
+        node = node.children[key.head(node.end, tree.page)]
         chain.append(node)
     return chain if chain and not chain[-1].children else []
 
@@ -153,9 +159,13 @@ def _attach_states(
 
 
 def _free_duplicates(
-    tree: RadixTree, key: TokenSeq, start: int, present: int, kv: list[Pages]
+    tree: RadixTree, key: TokenSeq, start: int, present: int, kv: list[Pages], node: Node
 ) -> list[Pages]:
-    """Free the caller's pages for [start, present) and return those for [present, end)."""
+    """Free the caller's pages for [start, present) and return those for [present, end).
+
+    Where the tree dropped a window group's pages (tombstones) and the caller brings them,
+    the tree takes the caller's instead (`_revive_windows`): the same tokens' KV, so a hit
+    inside that window is valid again. `node` ends at `present` on the key's path."""
     span = len(key) - start
     dup = present - start
     rest: list[Pages] = []
@@ -164,10 +174,48 @@ def _free_duplicates(
         dropped = span - len(pages)  # sliding-window tombstones lead the span
         cut = max(0, dup - dropped)
         head, tail = pages.split(cut)
-        if len(head):
-            tree.memory.free(ptype, head)
+        if len(head) and tree.attention[slot].window is not None:
+            spare = _revive_windows(tree, slot, node, present - len(head), head)
+        else:
+            spare = [head]
+        for pages in spare:
+            if len(pages):
+                tree.memory.free(ptype, pages)
         rest.append(tail)
     return rest
+
+
+def _revive_windows(
+    tree: RadixTree, slot: int, node: Node, first: int, pages: Pages
+) -> list[Pages]:
+    """Give the nodes above `node` (ending at first + len(pages)) the caller's window pages of
+    `slot` for [first, ...) where they hold tombstones; returns the pages not taken.
+
+    A node's tombstones are a leading run [start, start + t) and the caller's pages a
+    contiguous run ending at the node's end, so what is revived, [max(start, first),
+    start + t), is the tail of the run: the tombstones left still lead the edge."""
+    ptype = tree.kv_types[slot]
+    spare: list[Pages] = []
+    taken_to = first + len(pages)  # pages[: taken_to - first] not yet handed out
+    n: Node | None = node
+    while n is not None and n is not tree.root and n.end > first:
+        tomb = n.tombstones[slot]
+        lo, hi = max(n.start, first), n.start + tomb
+        if lo < hi:
+            before, rest = pages.split(hi - first)
+            if taken_to > hi:
+                spare.append(rest.split(taken_to - hi)[0])
+            before, revived = before.split(lo - first)
+            n.kv[slot] = revived.concat(n.kv[slot])
+            n.tombstones[slot] = lo - n.start
+            if n.lock_ref == 0:
+                tree.memory.mark_evictable(ptype, revived)
+            tree.policy.update(n)
+            pages, taken_to = before, lo
+        n = n.parent
+    if taken_to > first:
+        spare.append(pages.split(taken_to - first)[0])
+    return spare
 
 
 def _add_leaf(
@@ -208,11 +256,11 @@ def _add_leaf(
             upper_kv.append(head)
             tombstones[slot] -= upper_tomb[-1]
         upper = Node(tree.new_id(), key.slice(pos, cut), node, upper_kv, upper_tomb, now)
-        node.children[key.head(pos)] = upper
+        node.children[key.head(pos, tree.page)] = upper
         chain.append(upper)
         node, pos = upper, cut
     leaf = Node(leaf_id, key.slice(pos), node, kv, tombstones, now)
-    node.children[key.head(pos)] = leaf
+    node.children[key.head(pos, tree.page)] = leaf
     chain.append(leaf)
     leaf.inner = inner
     for _, checkpoint in inner:

@@ -49,7 +49,8 @@ def _check_node(tree: RadixTree, node: Node) -> None:
     parent = node.parent
     assert parent is not None, f"{node!r} is detached"
     assert len(node.key) > 0, f"{node!r} has an empty key"
-    assert parent.children.get(node.key.head(0)) is node, f"{node!r} not linked from parent"
+    assert parent.children.get(node.key.head(0, tree.page)) is node, f"{node!r} not linked"
+    assert len(node.key) % tree.page == 0, f"{node!r}: not whole pages of {tree.page} tokens"
     assert node.start == parent.end, f"{node!r} start is stale"
     assert node.end == parent.end + len(node.key), f"{node!r} end is stale"
     own = node.lock_ref - sum(c.lock_ref for c in node.children.values())
@@ -62,5 +63,6 @@ def _check_node(tree: RadixTree, node: Node) -> None:
     inner = [at for at, _ in node.inner]
     assert inner == sorted(set(inner)), f"{node!r}: inner checkpoints out of order"
     assert all(node.start < at < node.end for at in inner), f"{node!r}: inner outside the edge"
+    assert all(at % tree.page == 0 for at in inner), f"{node!r}: inner off a page boundary"
     assert all(len(state) == 1 for _, state in node.inner), f"{node!r}: inner state not one page"
     assert tree.keeps_runs or not inner, f"{node!r}: a run, but the policy does not evict runs"

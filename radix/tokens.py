@@ -87,10 +87,11 @@ class TokenSeq:
         index %= n
         return int.from_bytes(self._b[index * _ITEM : (index + 1) * _ITEM], "little", signed=True)
 
-    def head(self, pos: int = 0) -> bytes:
-        """The packed id at `pos`, usable as a dict key for child lookup."""
+    def head(self, pos: int = 0, size: int = 1) -> bytes:
+        """The packed ids [pos, pos + size) (fewer at the end), usable as a dict key for child
+        lookup: a tree of pages keys a node's children by their first page."""
         at = pos * _ITEM
-        return self._b[at : at + _ITEM]
+        return self._b[at : min(at + size * _ITEM, self._n)]
 
     def slice(self, start: int, stop: int | None = None) -> TokenSeq:
         stop_b = None if stop is None else stop * _ITEM

@@ -7,9 +7,15 @@ checkpoint valid at its end (see node.py). The tree is framework-free: pages com
 every change of shape goes through; what adds to it is in insert.py, what takes from it in
 evict.py, and the check of the invariants below in integrity.py.
 
+Pages (`page` tokens each, 1 by default): a server whose KV allocator hands out pages of
+several tokens can share only whole pages, as SGLang's own cache does with --page-size > 1.
+The walk then counts only whole pages in common, so every node boundary, hit, split and
+checkpoint lies on a page boundary and no page is ever held by two nodes; inserted keys must
+be whole pages.
+
 Invariants (checked by `check_integrity`, in integrity.py):
-* links: every child is keyed by its first token, `start == parent.end`,
-  `end == start + len(key)`, keys non-empty;
+* links: every child is keyed by its first page, `start == parent.end`,
+  `end == start + len(key)`, keys non-empty and, with pages of several tokens, whole pages;
 * locks: lock_ref(n) = own locks(n) + sum of lock_ref over its children, with own locks >= 0;
 * pages: per attention group, len(kv[g]) + tombstones[g] == len(key) (full groups: no tombstones);
   a state is one page; no page id is held by two nodes;
@@ -58,8 +64,13 @@ from jenga_sglang.radix.tokens import TokenSeq
 class RadixTree(Evictor):
     """Token radix tree with per-group pages, SSM checkpoints, locks and policy-driven eviction."""
 
-    def __init__(self, spec: ModelSpec, memory: CacheMemory, policy: EvictionPolicy) -> None:
+    def __init__(
+        self, spec: ModelSpec, memory: CacheMemory, policy: EvictionPolicy, page: int = 1
+    ) -> None:
+        if page < 1:
+            raise ValueError(f"page size must be >= 1 token, got {page}")
         self.spec = spec
+        self.page = page
         self.memory = memory
         self.policy = policy
         self.attention: tuple[AttentionGroup, ...] = spec.attention_groups
@@ -108,11 +119,13 @@ class RadixTree(Evictor):
             if start.inner or start.end > size or start.lock_ref <= 0:
                 raise ValueError(f"walk from {start!r}: not a locked node on the key's path")
             node, pos, path = start, start.end, start.path_from_root()
+        page = self.page
         while pos < size:
-            child = node.children.get(key.head(pos))
+            child = node.children.get(key.head(pos, page))
             if child is None:
                 break
-            pos += child.key.common_prefix(key, pos)
+            common = child.key.common_prefix(key, pos)
+            pos += common - common % page  # whole pages: at least one, as the head matched
             if child.inner:
                 path.extend(self._cut_run(child, pos))
                 child = path[-1]
@@ -244,11 +257,11 @@ class RadixTree(Evictor):
         upper.hit_count = node.hit_count
         if node.inner:
             _share_inner(upper, node)
-        node.parent.children[upper.key.head(0)] = upper
+        node.parent.children[upper.key.head(0, self.page)] = upper
         node.key = node.key.slice(at)
         node.parent = upper
         node.start = upper.end
-        upper.children[node.key.head(0)] = node
+        upper.children[node.key.head(0, self.page)] = node
         self.policy.update(upper)
         self.policy.update(node)
         return upper

@@ -66,8 +66,10 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
     """SGLang prefix cache backed by jenga-sglang's heterogeneous radix tree.
 
     Deterministic given the same call sequence (logical clock, no wall time), so every tensor-
-    parallel rank makes the same decisions. Supports page_size 1 and one attention group (full
-    attention, optionally beside Mamba layers); see docs/sglang.md for what remains.
+    parallel rank makes the same decisions. With --page-size P > 1 the tree shares whole pages
+    only, as SGLang's own cache does: hits, inserts and checkpoints end on page boundaries, and
+    a request keeps its last, partial page. One attention group (full attention, optionally
+    beside Mamba layers); see docs/sglang.md for what remains.
     """
 
     def __init__(
@@ -78,10 +80,6 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         *,
         inpass: bool = False,
     ) -> None:
-        if params.page_size != 1:
-            raise NotImplementedError(
-                f"--enable-jenga supports --page-size 1, got {params.page_size}"
-            )
         if len(spec.attention_groups) != 1:
             raise NotImplementedError(
                 f"{spec.name}: {len(spec.attention_groups)} attention groups (sliding window); "
@@ -90,13 +88,17 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         self.spec, self.options = spec, options
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
-        self.page_size = 1
+        self.page_size = int(params.page_size)
         self.disable = params.disable
         self.slots = SglangSlots(params, spec)
         self.device, self.memory = self.slots.device, self.slots.memory
         self.kv_type, self.state_type = self.slots.kv_type, self.slots.state_type
         self.cache = PrefixCache(
-            spec, self.memory, build_eviction(options), build_admission(options, spec)
+            spec,
+            self.memory,
+            build_eviction(options),
+            build_admission(options, spec),
+            page=self.page_size,
         )
         self.slot_tree = SlotTree(self.cache, self.slots)
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
@@ -253,13 +255,19 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         tokens = None if self.disable or params.key is None else key_tokens(params.key)
         if tokens is None:
             return InsertResult(prefix_len=0)
+        whole = len(tokens) - len(tokens) % self.page_size  # whole pages only
         state = params.mamba_value
-        states = {} if state is None else {len(tokens): int(state.reshape(-1)[0].item())}
-        done = self._adopt(tokens, params.value, states)
-        result = InsertResult(
-            prefix_len=done.present, total_len=len(tokens), last_device_node=done.node
-        )
-        result.mamba_exist = bool(done.refused)
+        # A state after a partial page is not kept: no node can end there.
+        states = {}
+        if state is not None and whole == len(tokens):
+            states = {whole: int(state.reshape(-1)[0].item())}
+        if whole == 0:
+            result = InsertResult(prefix_len=0)
+            result.mamba_exist = state is not None
+            return result
+        done = self._adopt(tokens.truncated(whole), params.value, states)
+        result = InsertResult(prefix_len=done.present, total_len=whole, last_device_node=done.node)
+        result.mamba_exist = state is not None and (not states or bool(done.refused))
         return result
 
     # ------------------------------------------------------------------ locks and eviction

@@ -237,11 +237,6 @@ def check_conflicts(args: argparse.Namespace) -> None:
     for attr, flag, default in _POOL_CONFLICTS:
         if getattr(args, attr, default) not in (default, None):
             raise JengaFlagError(f"--jenga-pool (on with --enable-jenga) conflicts with {flag}")
-    page_size = getattr(args, "page_size", None)
-    if page_size not in (None, 1):
-        raise JengaFlagError(
-            f"--jenga-pool (on with --enable-jenga) needs --page-size 1, got {page_size}"
-        )
 
 
 def options_from_namespace(args: argparse.Namespace) -> JengaOptions:

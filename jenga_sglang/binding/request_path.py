@@ -36,6 +36,7 @@ class RequestPath:
     disable: bool
     req_to_token_pool: Any
     states_admitted: int
+    page_size: int
 
     if TYPE_CHECKING:  # defined by JengaRadixCache and SGLang's BasePrefixCache
 
@@ -59,27 +60,37 @@ class RequestPath:
         (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
         finished = bool(req.finished())
         planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
-        inpass = self.captures.take(req.rid, up_to).states if self.captures is not None else {}
+        # Whole pages only (--page-size > 1): the request keeps its last, partial page, and
+        # states planned past it stay pending until a later checkpoint covers them.
+        whole = up_to - up_to % self.page_size
+        inpass = self.captures.take(req.rid, whole).states if self.captures is not None else {}
         if self.disable:
             self.slots.free_states(list(inpass.values()))
             if finished and self.handover is not None:
                 self.handover.release(req)
             return
         captured = self._handed_over(req, up_to, finished, planned)
+        # Not offered when it lies inside the partial last page (no node can end there).
+        offered = captured.position if captured is not None and captured.position <= whole else None
         states = dict(inpass)
-        if captured is not None:
-            states.setdefault(captured.position, int(captured.slot.reshape(-1)[0].item()))
+        if captured is not None and offered is not None:
+            states.setdefault(offered, int(captured.slot.reshape(-1)[0].item()))
+        if whole == 0:  # less than a page: nothing to share
+            if self.handover is not None:
+                self.handover.settle(req, finished, captured, taken=False)
+            if finished:
+                self._finished(req, 0, planned)
+            return
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
-        tokens = planned.tokens_up_to(up_to, req.full_untruncated_fill_ids)
+        tokens = planned.tokens_up_to(whole, req.full_untruncated_fill_ids)
         # The row's slots are read as they are (int32): only the new ones become ids, so a
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        done = self._adopt(tokens, row[:up_to], states, self._walk_start(req, up_to))
+        done = self._adopt(tokens, row[:whole], states, self._walk_start(req, whole))
         refused = done.refused
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
             self.slots.free_states(lost)  # the tree had a checkpoint there already
         if self.handover is not None:
-            offered = None if captured is None else captured.position
             taken = offered is not None and offered not in refused and offered not in inpass
             self.handover.settle(req, finished, captured, taken=taken)
         self._repoint(req, done)
