@@ -250,11 +250,20 @@ class PrefixCache:
         `start`: a node the caller holds locked on `key`'s path (`RadixTree.walk`)."""
         return self.tree.walk(key, start)
 
-    def store(self, key: TokenSeq, walk: Walk, kv: list[Pages], states: dict[int, Pages]) -> Node:
+    def store(
+        self,
+        key: TokenSeq,
+        walk: Walk,
+        kv: list[Pages],
+        states: dict[int, Pages],
+        start: int | None = None,
+    ) -> Node:
         """Insert `key` along `walk` (`reach`'s, the tree unchanged on its path since) with
-        the caller's pages for [walk.length, len(key)) and checkpoints; the node ending at
-        len(key)."""
-        return self.tree.insert(key, walk.length, kv, states, self.tick(), walk=walk)
+        the caller's pages for [start, len(key)) (default: walk.length, what the tree lacks)
+        and checkpoints; the node ending at len(key). Pages for positions the tree holds are
+        freed, or revive its dropped window pages (radix/insert.py)."""
+        begin = walk.length if start is None else start
+        return self.tree.insert(key, begin, kv, states, self.tick(), walk=walk)
 
     def evict(self, ptype: PageType) -> bool:
         """Evict the eviction policy's next victim, as the memory does when short of `ptype`."""

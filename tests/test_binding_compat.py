@@ -44,13 +44,17 @@ def test_served_architectures_pass_and_have_a_spec_builder() -> None:
 
 
 def test_an_unlisted_hybrid_swa_architecture_is_refused() -> None:
-    with pytest.raises(UnsupportedModelError, match=r"NewSwaForCausalLM.*SWA KV pool"):
+    with pytest.raises(UnsupportedModelError, match=r"NewSwaForCausalLM.*sliding-window pool"):
         check_servable("NewSwaForCausalLM", is_hybrid_swa=True)
+    # a family we fold as full attention is refused when SGLang gives it an SWA pool
+    with pytest.raises(UnsupportedModelError, match=r"Gemma3ForCausalLM.*sliding-window pool"):
+        check_servable("Gemma3ForCausalLM", is_hybrid_swa=True)
+    check_servable("GptOssForCausalLM", is_hybrid_swa=True)
 
 
-def test_every_hybrid_swa_architecture_sglang_names_is_refused_here() -> None:
+def test_every_hybrid_swa_architecture_sglang_names_is_in_the_table() -> None:
     """The literal architecture names in SGLang's `is_hybrid_swa_model`, and the SWA sink / MiMo
-    sets it includes, are all in our table as refused (SGLang's SWA pool)."""
+    sets it includes, are all in our table: served with a window group, or refused."""
     from sglang.srt.configs import model_config as mc
 
     tree = ast.parse(inspect.getsource(mc.is_hybrid_swa_model))
@@ -65,8 +69,11 @@ def test_every_hybrid_swa_architecture_sglang_names_is_refused_here() -> None:
     names -= {"EmbeddingGemma2Model", "DiffusionGemmaForBlockDiffusion"}  # not generative LMs
     names -= {"Gemma4UnifiedForConditionalGeneration", "MuseGlimmerForConditionalGeneration"}
     assert len(names) > 10
-    missing = sorted(n for n in names if family_of(n) is None or family_of(n).missing is None)
-    assert not missing, f"hybrid-SWA architectures not refused in compat.FAMILIES: {missing}"
+    missing = sorted(n for n in names if family_of(n) is None)
+    assert not missing, f"hybrid-SWA architectures not in compat.FAMILIES: {missing}"
+    served = sorted(n for n in names if family_of(n).missing is None)  # type: ignore[union-attr]
+    assert served == ["GptOssForCausalLM"]
+    assert all(family_of(n).cache == "swa" for n in names)  # type: ignore[union-attr]
 
 
 def test_docs_table_lists_every_architecture_with_its_status() -> None:
@@ -102,9 +109,9 @@ def _ctx(config: dict[str, Any], *, is_hybrid_swa: bool) -> SimpleNamespace:
     )
 
 
-def test_factory_refuses_gpt_oss_at_start_up_before_building_anything() -> None:
-    config = family_config("gpt_oss", 512)
-    with pytest.raises(UnsupportedModelError, match=r"GptOssForCausalLM \(Sliding window"):
+def test_factory_refuses_an_swa_pool_model_without_builder_before_building_anything() -> None:
+    config = {"architectures": ["MellumForCausalLM"], "hidden_size": 64}
+    with pytest.raises(UnsupportedModelError, match=r"MellumForCausalLM .*no spec builder"):
         build_tree_cache(_ctx(config, is_hybrid_swa=True))
 
 

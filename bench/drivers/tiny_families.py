@@ -193,6 +193,9 @@ FAMILIES: dict[str, TinyFamily] = {
                 "full_attention",
             ],
         },
+        # SGLang's gpt-oss asserts a backend with attention sinks: its Triton one runs under
+        # the interpreter on CPU (slowly; torch_native is refused at model load).
+        serve_flags=("--attention-backend", "triton"),
     ),
     # Gemma 3 text: sliding-window layers (window 32) with one full attention layer.
     "gemma3": TinyFamily(

@@ -80,11 +80,6 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         *,
         inpass: bool = False,
     ) -> None:
-        if len(spec.attention_groups) != 1:
-            raise NotImplementedError(
-                f"{spec.name}: {len(spec.attention_groups)} attention groups (sliding window); "
-                "the jenga backend drives one attention group in SGLang for now"
-            )
         self.spec, self.options = spec, options
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
@@ -92,6 +87,10 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         self.disable = params.disable
         self.slots = SglangSlots(params, spec)
         self.device, self.memory = self.slots.device, self.slots.memory
+        # What SGLang's scheduler reads of a sliding-window cache (hybrid-SWA models): the
+        # window its running requests keep (it frees their SWA slots behind it).
+        self.sliding_window_size = params.sliding_window_size if self.slots.window else None
+        self.draft_swa_window = int(getattr(params, "draft_swa_window", 0) or 0)
         self.kv_type, self.state_type = self.slots.kv_type, self.slots.state_type
         self.cache = PrefixCache(
             spec,
@@ -284,9 +283,10 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Make room for what SGLang is short of (sglang_slots.py `SglangSlots.evict`)."""
-        kv, st = self.slots.evict(params.num_tokens, params.mamba_num)
+        window = int(getattr(params, "swa_num_tokens", 0) or 0)
+        kv, st, swa = self.slots.evict(params.num_tokens, params.mamba_num, window)
         self.sync_metrics()
-        return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st)
+        return EvictResult(num_tokens_evicted=kv, mamba_num_evicted=st, swa_num_tokens_evicted=swa)
 
     def path_device_indices(
         self, node: Any, start: int = 0, stop: int | None = None
@@ -308,6 +308,12 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
     def full_protected_size(self) -> int:
         return self.protected_size()
 
+    def swa_evictable_size(self) -> int:
+        return self.slots.window_tokens("evictable")
+
+    def swa_protected_size(self) -> int:
+        return self.slots.window_tokens("used")
+
     def mamba_evictable_size(self) -> int:
         return self.slots.states("evictable")
 
@@ -321,7 +327,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         return self.state_type is not None
 
     def supports_swa(self) -> bool:
-        return False
+        return self.slots.window is not None
 
     def supports_prefix_sharing(self) -> bool:
         return not self.disable

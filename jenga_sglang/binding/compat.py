@@ -32,10 +32,7 @@ class Family:
     missing: str | None = None
 
 
-_SWA_POOL = (
-    "sliding-window layers in SGLang's SWA KV pool: SGLang frees a running request's "
-    "out-of-window slots, which the jenga tree does not track yet (docs/models.md, Not done yet)"
-)
+_NO_SWA_SPEC = "no spec builder for its attention layout (window size, sinks, layer kinds)"
 _MULTIMODAL = "multimodal wrapper: image/audio placeholders in the match key are not handled"
 
 FAMILIES: tuple[Family, ...] = (
@@ -52,6 +49,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen3-Next", ("Qwen3NextForCausalLM",), "gdn"),
     Family("Qwen3.5 text", ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"), "gdn"),
     Family("Gemma 3 text", ("Gemma3ForCausalLM",), "window-in-full-pool"),
+    Family("gpt-oss", ("GptOssForCausalLM",), "swa"),
     Family(
         "Llama / Qwen2 / Qwen3",
         ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
@@ -97,9 +95,8 @@ FAMILIES: tuple[Family, ...] = (
         _MULTIMODAL,
     ),
     Family(
-        "Sliding window (SGLang SWA pool)",
+        "Other sliding window (SGLang SWA pool)",
         (
-            "GptOssForCausalLM",
             "GraniteSWAForCausalLM",
             "GraniteMoeSWAForCausalLM",
             "IQuestQ1ForCausalLM",
@@ -119,7 +116,7 @@ FAMILIES: tuple[Family, ...] = (
             "InklingForConditionalGeneration",
         ),
         "swa",
-        _SWA_POOL,
+        _NO_SWA_SPEC,
     ),
 )
 
@@ -135,10 +132,27 @@ def check_servable(arch: str, *, is_hybrid_swa: bool) -> None:
         raise UnsupportedModelError(
             f"--enable-jenga: architecture {arch} ({family.name}) is not served: {family.missing}"
         )
-    if is_hybrid_swa:  # a hybrid-SWA architecture newer than our table
+    if is_hybrid_swa and (family is None or family.cache != "swa"):
+        # a hybrid-SWA architecture newer than our table, or one we fold as full attention
         raise UnsupportedModelError(
-            f"--enable-jenga: architecture {arch} is not served: {_SWA_POOL}"
+            f"--enable-jenga: architecture {arch} is not served: SGLang gives it a "
+            f"sliding-window pool and {_NO_SWA_SPEC}"
         )
+
+
+def widen_windows(spec: ModelSpec, window: int | None) -> ModelSpec:
+    """The spec with every sliding window at least `window` tokens: SGLang's retained window
+    (its attention reads `sliding_window - 1` tokens for gpt-oss, a draft model may read
+    more), so a hit the tree's window rule allows is one every reader can use."""
+    if window is None:
+        return spec
+    groups = tuple(
+        replace(g, window=max(g.window, window))
+        if isinstance(g, AttentionGroup) and g.window is not None
+        else g
+        for g in spec.groups
+    )
+    return replace(spec, groups=groups)
 
 
 def fold_windows(spec: ModelSpec) -> ModelSpec:

@@ -8,6 +8,7 @@ from jenga_sglang.binding.compat import (
     UnsupportedModelError,
     check_servable,
     fold_windows,
+    widen_windows,
     with_token_slots,
 )
 from jenga_sglang.binding.options import JengaOptions, options_of
@@ -69,8 +70,11 @@ def build_tree_cache(ctx: Any) -> Any:
         options = JengaOptions(enabled=True)  # selected by --radix-cache-backend jenga alone
     archs = getattr(ctx.model_config.hf_config, "architectures", None) or ["(none)"]
     check_servable(archs[0], is_hybrid_swa=bool(ctx.is_hybrid_swa))  # docs/models.md
-    # Not hybrid-SWA in SGLang: one KV pool keeps every layer's KV for every token.
-    spec = fold_windows(spec_from_model_config(ctx.model_config, ctx.tp_size))
+    spec = spec_from_model_config(ctx.model_config, ctx.tp_size)
+    if ctx.is_hybrid_swa:  # SGLang's SWA pool: the tree keeps a window group (window_slots)
+        spec = widen_windows(spec, ctx.params.swa_retain_window)
+    else:  # one KV pool keeps every layer's KV for every token
+        spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
     return JengaRadixCache(ctx.params, spec, options, inpass=inpass)

@@ -47,10 +47,15 @@ class RequestPath:
         def sync_metrics(self) -> None: ...
 
     def _adopt(
-        self, tokens: TokenSeq, value: Any, states: dict[int, int], start: Node | None = None
+        self,
+        tokens: TokenSeq,
+        value: Any,
+        states: dict[int, int],
+        start: Node | None = None,
+        own_from: int | None = None,
     ) -> Adopted:
         """The tree adopts the slots (slot_tree.py); counted for the metrics."""
-        done = self.slot_tree.adopt(tokens, value, states, start)
+        done = self.slot_tree.adopt(tokens, value, states, start, own_from)
         self.states_admitted += done.admitted
         return done
 
@@ -85,7 +90,8 @@ class RequestPath:
         tokens = planned.tokens_up_to(whole, req.full_untruncated_fill_ids)
         # The row's slots are read as they are (int32): only the new ones become ids, so a
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
-        done = self._adopt(tokens, row[:whole], states, self._walk_start(req, whole))
+        own = req.kv.cache_protected_len  # the row's slots before it are the tree's
+        done = self._adopt(tokens, row[:whole], states, self._walk_start(req, whole), own)
         refused = done.refused
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
@@ -99,11 +105,19 @@ class RequestPath:
         self.sync_metrics()
 
     def _walk_start(self, req: Any, size: int) -> Node | None:
-        """The node the request holds locked (its match or last checkpoint), where its next
-        insert's walk begins: one walk from the root per request (`RadixTree.walk`)."""
+        """Where the request's next insert's walk begins: the deepest node of the path it
+        holds locked (its match or last checkpoint) that lies within its own tokens, so the
+        walk does not compare them again (`RadixTree.walk`). The match's node may extend
+        past the hit (an attention-only hit ends inside an edge): its tokens there are
+        another sequence's, so the walk starts above it."""
         lock = getattr(req, "lock", None)
         node = getattr(lock, "node", None)
-        if not isinstance(node, Node) or node.inner or node.end > size or node.lock_ref <= 0:
+        if not isinstance(node, Node) or node.lock_ref <= 0:
+            return None
+        own = min(size, int(req.kv.cache_protected_len))
+        while node is not None and node.end > own:
+            node = node.parent
+        if node is None or node.parent is None or node.inner:
             return None
         return node
 

@@ -9,6 +9,10 @@ eviction SGLang asks for becomes victims of our policy.
 On SGLang's unified pool (--enable-unified-memory) the allocator offers a "Mamba/Full donor":
 KV and states share one byte buffer. The memory then models one shared budget, and the
 engine's own free counts say when an allocation fits (`SlotMemory.make_room`).
+
+A hybrid-SWA model (gpt-oss) has two KV pools: the full one, whose slot ids a request's row
+holds, and the sliding-window one (binding/window_slots.py). The tree's full-attention group
+holds full slots (`kv_type`) and its window group SWA slots (`window_type`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
 from jenga_sglang.binding.slot_ids import Ids
 from jenga_sglang.binding.slot_memory import SlotMemory
-from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.binding.window_slots import WindowSlots, is_window_allocator
+from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.radix.pages import PageKind, PageType
 
 
@@ -33,7 +38,19 @@ class SglangSlots:
         self.req_to_token_pool = params.req_to_token_pool
         self.allocator = params.token_to_kv_pool_allocator
         self.device = torch.device(getattr(self.allocator, "device", "cpu"))
-        self.kv_type = PageType(PageKind.KV, spec.groups.index(spec.attention_groups[0]))
+        full, window = _full_and_window(spec)
+        self.kv_type = PageType(PageKind.KV, spec.groups.index(full))
+        self.window = WindowSlots(self.allocator) if is_window_allocator(self.allocator) else None
+        if (window is None) != (self.window is None):
+            raise NotImplementedError(
+                f"--enable-jenga: {spec.name} has "
+                f"{'a' if window else 'no'} sliding-window group, SGLang's allocator "
+                f"{type(self.allocator).__name__} {'no' if window else 'a'} sliding-window pool"
+            )
+        self.window_type = (
+            PageType(PageKind.KV, spec.groups.index(window)) if window is not None else None
+        )
+        self.window_group = window
         self.state_type = (
             PageType(PageKind.STATE, spec.groups.index(spec.mamba_groups[0]))
             if spec.has_mamba
@@ -50,19 +67,42 @@ class SglangSlots:
             attach(lambda: self.memory.held(state_type))  # its reserve nets request-held states
 
     def _capacity(self) -> dict[PageType, int]:
-        cap = {self.kv_type: int(self.allocator.size)}
+        if self.window is not None and self.window_type is not None:
+            cap = {
+                self.kv_type: self.window.full_capacity,
+                self.window_type: self.window.window_capacity,
+            }
+        else:
+            cap = {self.kv_type: int(self.allocator.size)}
         if self.state_type is not None:
             cap[self.state_type] = int(self.req_to_token_pool.mamba_pool.size)
         return cap
 
     def _page_bytes(self) -> dict[PageType, int]:
-        sizes = {self.kv_type: self.spec.attention_groups[0].kv_bytes_per_token}
+        groups = self.spec.groups
+        sizes = {
+            t: g.kv_bytes_per_token
+            for t in self.kv_types
+            if isinstance(g := groups[t.group], AttentionGroup)
+        }
         if self.state_type is not None:
             sizes[self.state_type] = self.spec.state_bytes
         return sizes
 
+    @property
+    def kv_types(self) -> tuple[PageType, ...]:
+        """The full group's type, then the window group's (if any)."""
+        return (self.kv_type,) if self.window_type is None else (self.kv_type, self.window_type)
+
     def give_back(self, ptype: PageType, ids: Ids) -> None:
         """Hand ids the tree freed to the SGLang allocator they came from."""
+        if self.window is not None:
+            if ptype == self.kv_type:
+                self.window.free_full(ids)
+                return
+            if ptype == self.window_type:
+                self.window.free_window(ids)
+                return
         index = torch.from_numpy(ids).to(self.device)
         if ptype == self.kv_type:
             self.allocator.free(index)
@@ -78,6 +118,8 @@ class SglangSlots:
         free group included (the scheduler groups frees while it processes a batch)."""
         if self.donor is not None:
             self.donor.flush_deferred_full_frees()  # KV frees give the states their bytes
+        if self.window is not None and ptype in self.kv_types:
+            return self.window.full_room() if ptype == self.kv_type else self.window.window_room()
         if ptype == self.kv_type:
             group = getattr(self.allocator, "free_group", None) or ()
             pending = sum(int(t.numel()) for t in group)
@@ -90,24 +132,27 @@ class SglangSlots:
         if ptype == self.state_type and self.donor is not None:
             self.donor.prepare_mamba_allocation(count)  # SGLang's step before a state alloc
 
-    def evict(self, num_tokens: int, mamba_num: int) -> tuple[int, int]:
-        """Make room for `num_tokens` more KV slots and `mamba_num` more states than SGLang
-        can allocate now (SGLang passes shortfalls); the KV slots and states freed. Victims
-        come from our policy over every page type: on a unified pool a state's bytes may come
-        from KV leaves and KV's from a dropped state. On separate pools this is "free that
-        many slots of each type"."""
+    def evict(self, num_tokens: int, mamba_num: int, window_tokens: int = 0) -> tuple[int, ...]:
+        """Make room for `num_tokens` more KV slots, `mamba_num` more states and
+        `window_tokens` more SWA slots than SGLang can allocate now (SGLang passes
+        shortfalls); the KV slots, states and SWA slots freed. Victims come from our policy
+        over every page type: on a unified pool a state's bytes may come from KV leaves and
+        KV's from a dropped state. On separate pools this is "free that many slots of each
+        type" (a short window pool first loses what lies out of every window, radix/evict.py
+        `trim_window`)."""
         freed = dict(self.memory.freed_slots)
         goals = [(self.kv_type, num_tokens)]
         if self.state_type is not None:
             goals.append((self.state_type, mamba_num))
+        if self.window_type is not None:
+            goals.append((self.window_type, window_tokens))
         for ptype, goal in goals:
             if goal > 0:
                 self.make_room(ptype, self.room(ptype) + goal)
-        kv = self.memory.freed_slots[self.kv_type] - freed[self.kv_type]
-        st = 0
-        if self.state_type is not None:
-            st = self.memory.freed_slots[self.state_type] - freed[self.state_type]
-        return kv, st
+        return tuple(
+            0 if t is None else self.memory.freed_slots[t] - freed[t]
+            for t in (self.kv_type, self.state_type, self.window_type)
+        )
 
     # ------------------------------------------------------------------ sizes SGLang reads
 
@@ -116,6 +161,13 @@ class SglangSlots:
 
     def protected_tokens(self) -> int:
         return self.memory.usage(self.kv_type).used
+
+    def window_tokens(self, use: str) -> int:
+        """SWA slots the tree holds, "evictable" or "used" (0 without a window group)."""
+        if self.window_type is None:
+            return 0
+        usage = self.memory.usage(self.window_type)
+        return usage.evictable if use == "evictable" else usage.used
 
     def states(self, use: str) -> int:
         """Mamba slots the tree holds, "evictable" or "used" (0 without a Mamba group)."""
@@ -142,3 +194,17 @@ def index_tensor(ids: list[int], device: Any) -> torch.Tensor:
     """Slot ids as an int64 tensor: through numpy, 4x faster than `torch.tensor` on a list
     (2 ms against 8.7 ms for 100k ids, on the scheduler thread)."""
     return torch.from_numpy(np.array(ids, dtype=np.int64)).to(device)
+
+
+def _full_and_window(spec: ModelSpec) -> tuple[AttentionGroup, AttentionGroup | None]:
+    """The full-attention group whose slots a request's row holds, and the sliding-window
+    group (SGLang's SWA pool keeps one per model: every window layer shares it)."""
+    attention = spec.attention_groups
+    full = [g for g in attention if g.window is None]
+    window = [g for g in attention if g.window is not None]
+    if len(full) != 1 or len(window) > 1:
+        raise NotImplementedError(
+            f"--enable-jenga: {spec.name}: {len(full)} full-attention and {len(window)} "
+            "sliding-window groups; SGLang's pools hold one of each"
+        )
+    return full[0], (window[0] if window else None)

@@ -1,10 +1,10 @@
 """SGLang's slots in and out of our tree: the page bookkeeping under the backend's contract.
 
 SGLang computes every KV slot and Mamba slot before the tree sees it, so an insert *adopts*
-the slots of a request's row (`adopt`), and a request whose prefix the tree already held gets
-its row pointed at the tree's slots (`repoint`, which frees the row's duplicates). Both go
-through `PrefixCache` (`reach`, then `store` along the same walk); nothing here is part of
-SGLang's `BasePrefixCache` contract, which binding/backend.py keeps.
+the slots of a request's row (`adopt`: the tree frees those of positions it held already), and
+a request whose prefix the tree already held gets its row pointed at the tree's slots
+(`repoint`). Both go through `PrefixCache` (`reach`, then `store` along the same walk); nothing
+here is part of SGLang's `BasePrefixCache` contract, which binding/backend.py keeps.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_ids import Ids, page_ids
+from jenga_sglang.binding.slot_ids import Ids, SlotPages, page_ids
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import Pages
 from jenga_sglang.radix.tokens import TokenSeq
 
 
@@ -37,7 +38,9 @@ class SlotTree:
 
     def __init__(self, cache: PrefixCache, slots: SglangSlots) -> None:
         self.cache, self.slots = cache, slots
-        self.kv_slot = cache.kv_types.index(slots.kv_type)  # its attention group's index
+        self.kv_slot = cache.kv_types.index(slots.kv_type)  # the full group's index
+        window = slots.window_type
+        self.window_slot = None if window is None else cache.kv_types.index(window)
 
     def adopt(
         self,
@@ -45,9 +48,14 @@ class SlotTree:
         value: torch.Tensor | None,
         states: dict[int, int],
         start: Node | None = None,
+        own_from: int | None = None,
     ) -> Adopted:
-        """Adopt KV slots for [present, len) and state slots valid at their positions (<= len),
-        in one walk (from `start`: a node locked on the tokens' path, `RadixTree.walk`)."""
+        """Insert `tokens` with the request's KV slots for [own_from, len) (the row `value`;
+        before `own_from` the row holds the tree's own) and state slots valid at their
+        positions (<= len), in one walk (from `start`: a node locked on the tokens' path,
+        `RadixTree.walk`). Slots of positions the tree already holds are freed by it, or
+        revive its dropped window pages. `own_from` None: only the slots of positions the
+        tree lacks are handed over (SGLang's `insert`, whose caller frees its duplicates)."""
         if value is None or len(value) < len(tokens):
             raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
         bad = [p for p in states if not 0 < p <= len(tokens)]
@@ -56,8 +64,7 @@ class SlotTree:
         memory, state_type = self.slots.memory, self.slots.state_type
         walk = self.cache.reach(tokens, start)
         present = walk.length
-        new_ids = value[present : len(tokens)].cpu().numpy()  # adopt copies them
-        kv = [memory.adopt(self.slots.kv_type, new_ids)]
+        own_from = present if own_from is None else min(own_from, present)
         held = walk.checkpoints()
         refused = {p: slot for p, slot in states.items() if p in held or state_type is None}
         taken = {
@@ -65,21 +72,60 @@ class SlotTree:
             for p, slot in states.items()
             if p not in refused and state_type is not None
         }
-        node = self.cache.store(tokens, walk, kv, taken)
+        kv = self._own_pages(value[own_from : len(tokens)])
+        node = self.cache.store(tokens, walk, kv, taken, start=own_from)
         return Adopted(present, node, len(taken), refused)
 
+    def _own_pages(self, row: torch.Tensor) -> list[Pages]:
+        """The request's slots for its own positions, one run per attention group (the tree's
+        order): full slots, and the SWA slots of the live tail its window still holds (SGLang
+        freed the ones before: they lead the run as tombstones). A live SWA slot before that
+        tail (none in SGLang 0.5.23's frees, which run from the protected prefix up) is freed."""
+        memory, slots = self.slots.memory, self.slots
+        kv: list[Pages] = [SlotPages(np.zeros(0, np.int64))] * len(self.cache.kv_types)
+        full = row.to(torch.int64)
+        kv[self.kv_slot] = memory.adopt(slots.kv_type, full.cpu().numpy())  # adopt copies them
+        if self.window_slot is not None:
+            assert slots.window is not None and slots.window_type is not None
+            window = slots.window.translate(full)
+            dead = torch.nonzero(window == 0)
+            live_from = int(dead[-1]) + 1 if dead.numel() else 0
+            slots.window.release_window_of(full[:live_from])
+            kv[self.window_slot] = memory.adopt(slots.window_type, window[live_from:].cpu().numpy())
+        return kv
+
     def repoint(self, req: Any, present: int, node: Node) -> None:
-        """Free the request's duplicates of cached KV and point its row at the tree's slots.
-        Only [protected, present) changes: the row before is the tree's already, and the tree
-        adopted the row's own slots past `present`."""
+        """Point the request's row at the tree's slots for [protected, present), whose own
+        duplicates the insert freed; with a window group, make every full slot of the
+        request's new positions name the tree's window KV (binding/window_slots.py)."""
         protected = req.kv.cache_protected_len
+        pool = self.slots.req_to_token_pool
         if present > protected:
-            pool = self.slots.req_to_token_pool
-            row = pool.req_to_token[req.kv.req_pool_idx]
-            self.slots.allocator.free(row[protected:present].to(torch.int64))
             cached = self.path_ids(node, start=protected, stop=present)
             pool.write((req.kv.req_pool_idx, slice(protected, present)), cached)
+        if self.window_slot is not None and node.end > protected:
+            self._publish(node, protected)
         req.kv.cache_protected_len = 0 if node is self.cache.root else node.end
+
+    def _publish(self, node: Node, start: int) -> None:
+        """`WindowSlots.publish` for the path's positions [start, node.end)."""
+        assert self.slots.window is not None and self.window_slot is not None
+        full_parts: list[Ids] = []
+        window_parts: list[Ids] = []
+        n: Node | None = node
+        while n is not None and n is not self.cache.root and n.end > start:
+            tomb = n.tombstones[self.window_slot]
+            lo = max(start, n.start + tomb) - n.start  # offset of the first kept window page
+            window = page_ids(n.kv[self.window_slot])
+            if lo < len(n.key):
+                full_parts.append(page_ids(n.kv[self.kv_slot])[lo:])
+                window_parts.append(window[lo - tomb :])
+            n = n.parent
+        if full_parts:
+            device = self.slots.device
+            full = torch.from_numpy(np.concatenate(full_parts)).to(device)
+            pages = torch.from_numpy(np.concatenate(window_parts)).to(device)
+            self.slots.window.publish(full, pages)
 
     def path_ids(self, node: Node, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """KV slot ids of the path's positions [start, stop) (stop: node.end by default):

@@ -1,0 +1,79 @@
+"""A hybrid-SWA model (gpt-oss's layout) through SGLang's calls on its real CPU pools.
+
+Every request reads, through SGLang's full-to-window slot mapping, the window KV of exactly its
+own prefix (tests/swa_session.py checks every position a window layer reads); the tree keeps
+window pages only where SGLang's running requests left them or another request brought them
+back, and drops out-of-window pages first when the window pool is short.
+"""
+
+from __future__ import annotations
+
+import pytest
+from swa_session import WINDOW, SwaSession
+
+pytestmark = pytest.mark.sglang
+
+
+def toks(base: int, n: int) -> list[int]:
+    return [base + (7 * i) % 97 for i in range(n)]
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_turns_and_branches_hit_with_their_window(page: int) -> None:
+    s = SwaSession(page=page)
+    prompt, reply = toks(100, 40), toks(300, 20)  # the reply outgrows the window: its head
+    assert s.serve(prompt, reply) == 0  # of KV leaves the window pool while it decodes
+    tree = s.cache.cache.tree
+    (node,) = tree.root.children.values()
+    leaf = next(iter(node.children.values()))
+    assert leaf.tombstones[s.cache.slot_tree.window_slot] > 0  # the decode's freed window
+    turn2 = [*prompt, *reply[:-1], *toks(500, 10)]
+    whole = 59 - 59 % page
+    assert s.serve(turn2, toks(600, 3)) == whole  # the end of turn 1 kept its window
+    branch = [*prompt[:30], *toks(700, 10)]
+    assert s.serve(branch, toks(800, 3)) == 30 - 30 % page  # the prompt kept its window
+    # inside the decoded reply the window is gone: back to the prompt's end
+    inside = [*prompt, *reply[:12], 1, 2, 3]
+    assert s.serve(inside, toks(900, 2)) == 40
+    s.check_pools()
+
+
+def test_a_request_that_recomputes_a_dropped_window_revives_it() -> None:
+    s = SwaSession()
+    prompt, reply = toks(100, 40), toks(300, 30)
+    s.serve(prompt, reply)
+    slot = s.cache.slot_tree.window_slot
+    # prompt + 20 reply tokens: the window of 60 was freed while turn 1 decoded, so the
+    # hit falls back to 40 and this request computes [40, 60) again, window included
+    again = [*prompt, *reply[:20]]
+    assert s.serve(again, toks(600, 2)) == 40
+    (node,) = s.cache.cache.tree.root.children.values()
+    upper = next(n for n in node.children.values() if n.end == 60)
+    assert upper.tombstones[slot] == 0  # revived: the tree kept this request's window
+    assert s.serve([*again, 5, 6], toks(650, 2)) == 60  # and a hit at 60 reads it
+    s.check_pools()
+
+
+def test_a_short_window_pool_trims_before_it_evicts() -> None:
+    s = SwaSession(full=2048, swa=96, chunk=32)
+    prompts = [toks(1000 * (k + 1), 30) for k in range(6)]
+    for p in prompts:  # 6 x 31 window slots > 96: the pool runs short
+        assert s.serve(p, toks(50, 2)) == 0
+    tree = s.cache.cache.tree
+    slot = s.cache.slot_tree.window_slot
+    assert tree.evicted_nodes == 0  # full KV all kept: only window pages went
+    assert sum(n.tombstones[slot] for n in tree.nodes()) > 0
+    trimmed = [n for n in tree.nodes() if n.tombstones[slot]]
+    for p in prompts:  # each prompt's end kept its window: every turn 2 hits in full
+        assert s.serve([*p, 50, 9], toks(60, 2)) == 31
+    # inside a trimmed edge the window is gone: such a hit falls back to the root
+    first = trimmed[0].key.tolist()
+    assert s.serve([*first[:20], 7, 7], toks(70, 2)) == 0
+    s.check_pools()
+
+
+def test_window_rule_follows_sglang_window() -> None:
+    s = SwaSession()
+    assert s.cache.supports_swa()
+    assert s.cache.sliding_window_size == WINDOW - 1
+    assert s.cache.swa_retain_window == WINDOW - 1
