@@ -90,6 +90,7 @@ class SwaSession:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         from jenga_sglang.binding.backend import JengaRadixCache
+        from jenga_sglang.binding.compat import sglang_windows
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
 
         self.torch, self.Req, self.FINISH_LENGTH = torch, Req, FINISH_LENGTH
@@ -100,9 +101,8 @@ class SwaSession:
         self.alloc = params.token_to_kv_pool_allocator
         self.kv = self.alloc.get_kvcache()
         policy = replace(SERVER_POLICY, eviction="lru")
-        self.cache = JengaRadixCache(
-            params, window_spec(), JengaOptions(enabled=True, policy=policy)
-        )
+        spec = sglang_windows(window_spec(), params.swa_retain_window)  # as the factory does
+        self.cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=policy))
         self.rid = 0
 
     # ------------------------------------------------------------------ the emulated forward

@@ -77,3 +77,6 @@ def test_window_rule_follows_sglang_window() -> None:
     assert s.cache.supports_swa()
     assert s.cache.sliding_window_size == WINDOW - 1
     assert s.cache.swa_retain_window == WINDOW - 1
+    # the tree's window rule is SGLang's: a hit at p needs the WINDOW - 1 tokens before p
+    windows = [g.window for g in s.cache.spec.attention_groups if g.window is not None]
+    assert windows == [WINDOW - 1]

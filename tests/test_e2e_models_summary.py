@@ -10,6 +10,7 @@ from jenga_sglang.bench.studies.e2e_models import (
     STEPS,
     family_row,
     session_prompts,
+    strategy_for,
     table,
 )
 
@@ -25,8 +26,17 @@ KEYS = {
 }
 
 
-def _run(cached: dict[str, int], outputs: dict[str, list[int]]) -> dict[str, Any]:
-    steps = {s: {"cached_tokens": cached[s], "output_ids": outputs[s]} for s in STEPS}
+def _run(
+    cached: dict[str, int], outputs: dict[str, list[int]], shift: float = 0.0
+) -> dict[str, Any]:
+    steps = {
+        s: {
+            "cached_tokens": cached[s],
+            "output_ids": outputs[s],
+            "logprobs": [-1.0 - shift * (s == "branch_b") for _ in outputs[s]],
+        }
+        for s in STEPS
+    }
     return {"served": True, "steps": steps}
 
 
@@ -54,3 +64,17 @@ def test_row_has_the_issue_fields_and_compares_every_step() -> None:
     assert not row["served"] and row["identical_outputs"] is None
     assert row["cached_tokens_turn2"] is None and "GptOss" in row["jenga_error"]
     assert "GptOssForCausalLM" in table([row])
+
+
+def test_row_reports_the_largest_logprob_difference() -> None:
+    cached = {"turn1": 0, "turn2": 239, "branch_a": 0, "branch_b": 150}
+    same = {s: [1, 2, i] for i, s in enumerate(STEPS)}
+    row = family_row("falcon_h1", _run(cached, same), _run(cached, same, shift=0.25), 1)
+    assert row["identical_outputs"] and row["max_logprob_diff"] == 0.25
+
+
+def test_state_families_run_extra_buffer_above_page_one() -> None:
+    assert strategy_for("nemotron_h", 16) == "extra_buffer"
+    assert strategy_for("qwen3_5", 64) == "extra_buffer"
+    assert strategy_for("nemotron_h", 1) == "no_buffer"
+    assert strategy_for("gpt_oss", 16) == strategy_for("llama", 64) == "no_buffer"

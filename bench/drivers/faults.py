@@ -33,12 +33,18 @@ def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:
 
 
 def _body(
-    input_ids: list[int] | None, max_new_tokens: int, stream: bool, text: str | None = None
+    input_ids: list[int] | None,
+    max_new_tokens: int,
+    stream: bool,
+    text: str | None = None,
+    logprobs: bool = False,
 ) -> bytes:
     body: dict[str, Any] = {
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
         "stream": stream,
     }
+    if logprobs:
+        body["return_logprob"] = True
     if text is not None:
         body["text"] = text
     else:
@@ -53,12 +59,15 @@ def generate(
     *,
     text: str | None = None,
     timeout_s: float = 240.0,
+    logprobs: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """POST /generate; (HTTP status, decoded JSON body), 4xx included."""
+    """POST /generate; (HTTP status, decoded JSON body), 4xx included. `logprobs`: the reply
+    tokens' log-probabilities in `meta_info.output_token_logprobs`."""
     conn = _connection(url, timeout_s)
     try:
         headers = {"Content-Type": "application/json"}
-        conn.request("POST", "/generate", _body(input_ids, max_new_tokens, False, text), headers)
+        body = _body(input_ids, max_new_tokens, False, text, logprobs)
+        conn.request("POST", "/generate", body, headers)
         reply = conn.getresponse()
         raw = reply.read()
         try:

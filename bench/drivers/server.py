@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -74,7 +74,8 @@ class LocalServer:
     >>> with LocalServer("data/tiny-model", ["--enable-jenga"], log=Path("out/s.log")) as s:
     ...     s.url  # 'http://127.0.0.1:<port>'
 
-    `strategy` picks the Mamba cache strategy and its scheduling (`STRATEGIES`).
+    `strategy` picks the Mamba cache strategy and its scheduling (`STRATEGIES`); `env` adds to
+    the server's environment.
     """
 
     def __init__(
@@ -85,10 +86,12 @@ class LocalServer:
         log: Path,
         ready_timeout_s: float = 600.0,
         strategy: str = "no_buffer",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
+        self.env = dict(env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -103,7 +106,7 @@ class LocalServer:
     def __enter__(self) -> LocalServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         # Triton kernels run in the interpreter
-        env = dict(os.environ, TRITON_INTERPRET="1", **STRATEGY_ENV[self.strategy])
+        env = dict(os.environ, TRITON_INTERPRET="1", **STRATEGY_ENV[self.strategy], **self.env)
         with self.log.open("wb") as sink:
             self._proc = subprocess.Popen(
                 self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -26,6 +26,7 @@ class TinyFamily:
     model_class: str
     fields: dict[str, Any]
     serve_flags: tuple[str, ...] = ()
+    serve_env: tuple[tuple[str, str], ...] = ()  # environment of both servers
 
 
 #: Fields every family shares (token ids follow the shared tokenizer's special tokens).
@@ -171,8 +172,12 @@ FAMILIES: dict[str, TinyFamily] = {
             "linear_num_key_heads": 2,
             "linear_num_value_heads": 4,
         },
-        # SGLang's chunked Gated DeltaNet kernel asserts bfloat16 ("does not support float32").
-        serve_flags=("--dtype", "bfloat16"),
+        # Served in float32 like the others: the plugin's CPU mode lets SGLang's chunked Gated
+        # DeltaNet kernel take float32 (it asserts bfloat16, which Triton's CPU interpreter
+        # computes wrongly: jenga_sglang/cpu_gdn.py). Conv states in float32 too (SGLang keeps
+        # them in bfloat16 by default, which rounds the conv window every decode step), so the
+        # server computes the float32 model that transformers does (tests/test_cpu_gdn.py).
+        serve_env=(("SGLANG_MAMBA_CONV_DTYPE", "float32"),),
     ),
     # gpt-oss: alternating sliding-window (window 32) and full attention layers, MoE MLPs.
     "gpt_oss": TinyFamily(
@@ -196,6 +201,9 @@ FAMILIES: dict[str, TinyFamily] = {
         # SGLang's gpt-oss asserts a backend with attention sinks: its Triton one runs under
         # the interpreter on CPU (slowly; torch_native is refused at model load).
         serve_flags=("--attention-backend", "triton"),
+        # A running request frees its out-of-window SWA slots every decode step, not every
+        # 128 (SGLang's default): a short session then exercises those frees.
+        serve_env=(("SGLANG_SWA_EVICTION_INTERVAL", "1"),),
     ),
     # Gemma 3 text: sliding-window layers (window 32) with one full attention layer.
     "gemma3": TinyFamily(

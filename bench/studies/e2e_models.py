@@ -1,20 +1,27 @@
 """`make e2e-models`: every tiny model family served stock and with --enable-jenga on CPU.
 
 For each family (bench/drivers/tiny_families.py; built with scripts/make_tiny_model.py when
-missing): start a stock server, replay one session through /generate, stop it; then the same with
-`--enable-jenga`. The session, greedy, token ids (no tokenizer in the loop):
+missing) and page size: start a stock server, replay one session through /generate, stop it;
+then the same with `--enable-jenga`. The session, greedy, token ids (no tokenizer in the loop):
 
-1. turn 1: a 200-token prompt, 8 new tokens;
+1. turn 1: a 200-token prompt, 40 new tokens (a reply longer than gpt-oss's tiny window, whose
+   decode frees the request's out-of-window SWA slots);
 2. turn 2: turn 1's prompt + its reply + 40 new tokens (a chat's next turn);
 3. branch A: turn 1's first 150 tokens + 40 other tokens (it leaves the session mid-prompt);
 4. branch B: the same 150 tokens + 40 tokens again different: the request that can resume from
    the branch point once A has been served (a state model keeps its states only at positions
    some request computed; Jenga plans one at A's branch point).
 
-`cached_tokens_branch` is branch B's; `identical_outputs` compares all four replies. A server
-that refuses the model at start-up (`served: false`) is reported with its error line.
+`cached_tokens_branch` is branch B's; `identical_outputs` compares all four replies, and
+`max_logprob_diff` the log-probabilities of every reply token (identical hits compute the same
+thing; a longer hit, such as Jenga's at a branch point, only reorders float sums). A server that
+refuses the model at start-up (`served: false`) is reported with its error line.
 
-    jenga-bench e2e-models [--families a,b] [--out out/e2e-models]
+Page sizes above 1 run a state family (Mamba2, Gated DeltaNet) with
+`--mamba-radix-cache-strategy extra_buffer`, as SGLang requires (no_buffer keeps states at page
+1 only).
+
+    jenga-bench e2e-models [--families a,b] [--page-sizes 1,16] [--out out/e2e-models]
 """
 
 from __future__ import annotations
@@ -31,11 +38,12 @@ from typing import Any
 
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import LocalServer, ServerError
-from jenga_sglang.bench.drivers.tiny_families import FAMILIES
+from jenga_sglang.bench.drivers.tiny_families import FAMILIES, family_config
+from jenga_sglang.models import spec_from_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ID, VOCAB = 6, 512  # ids 0-5 are the shared tokenizer's special tokens
-PROMPT, BRANCH_AT, TAIL, NEW_TOKENS = 200, 150, 40, 8
+PROMPT, BRANCH_AT, TAIL, NEW_TOKENS, REPLY_TOKENS = 200, 150, 40, 8, 40
 STEPS = ("turn1", "turn2", "branch_a", "branch_b")
 #: A traceback's last line, e.g. "triton.runtime.errors.InterpreterError: ..."
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b[^ ]*: ")
@@ -57,8 +65,8 @@ def session_prompts(seed: int = 0) -> dict[str, list[int]]:
     }
 
 
-def _ask(url: str, ids: list[int]) -> dict[str, Any]:
-    status, body = generate(url, ids, NEW_TOKENS, timeout_s=600.0)
+def _ask(url: str, ids: list[int], new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
+    status, body = generate(url, ids, new_tokens, timeout_s=600.0, logprobs=True)
     if status != 200:
         raise ServerError(f"/generate answered {status}: {str(body)[:500]}")
     meta = body.get("meta_info", {})
@@ -67,13 +75,14 @@ def _ask(url: str, ids: list[int]) -> dict[str, Any]:
         "text": body.get("text"),
         "cached_tokens": int(meta.get("cached_tokens", 0)),
         "prompt_tokens": int(meta.get("prompt_tokens", len(ids))),
+        "logprobs": [float(x[0]) for x in meta.get("output_token_logprobs") or []],
     }
 
 
 def replay(url: str, seed: int = 0) -> dict[str, dict[str, Any]]:
     """The four steps, in order, one request at a time."""
     prompts = session_prompts(seed)
-    out = {"turn1": _ask(url, prompts["turn1"])}
+    out = {"turn1": _ask(url, prompts["turn1"], REPLY_TOKENS)}
     out["turn2"] = _ask(url, prompts["turn1"] + out["turn1"]["output_ids"] + prompts["turn2_tail"])
     out["branch_a"] = _ask(url, prompts["branch_a"])
     out["branch_b"] = _ask(url, prompts["branch_b"])
@@ -90,11 +99,20 @@ def _first_error(log: Path) -> str:
     return lines[-1][:400] if lines else "(no log)"
 
 
-def serve_family(model: Path, jenga: bool, log: Path, flags: Sequence[str]) -> dict[str, Any]:
+def serve_family(
+    model: Path,
+    jenga: bool,
+    log: Path,
+    flags: Sequence[str],
+    strategy: str = "no_buffer",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One server for one family: the replay, or why the server did not come up."""
     extra = ["--enable-jenga", *flags] if jenga else list(flags)
     try:
-        with LocalServer(str(model), extra, log=log, ready_timeout_s=420.0) as server:
+        with LocalServer(
+            str(model), extra, log=log, ready_timeout_s=420.0, strategy=strategy, env=env
+        ) as server:
             return {"served": True, "steps": replay(server.url)}
     except (ServerError, OSError) as exc:  # OSError: the server died under a request
         return {"served": False, "error": _first_error(log) or str(exc)[:400]}
@@ -125,6 +143,7 @@ def family_row(
         if both
         else None
     )
+    row["max_logprob_diff"] = _logprob_diff(stock, jenga) if both else None
     row["cached_tokens_turn2"] = cached(jenga, "turn2")
     row["cached_tokens_branch"] = cached(jenga, "branch_b")
     row["stock_cached_tokens_turn2"] = cached(stock, "turn2")
@@ -159,33 +178,65 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_models(
-    families: Sequence[str], out: Path, data: Path, page: int = 1, *, update: bool = False
-) -> list[dict[str, Any]]:
-    """Serve each family stock then with Jenga; summary.json is rewritten after each family.
+def _logprob_diff(stock: dict[str, Any], jenga: dict[str, Any]) -> float:
+    """Largest difference of a reply token's log-probability between the two servers."""
+    diffs = [
+        abs(a - b)
+        for step in STEPS
+        for a, b in zip(
+            stock["steps"][step]["logprobs"], jenga["steps"][step]["logprobs"], strict=False
+        )
+    ]
+    return max(diffs, default=0.0)
 
-    `update`: keep the rows of families not run from an existing summary.json (rerunning one
-    family, e.g. after a server that failed for a reason outside the model)."""
+
+def strategy_for(family: str, page: int) -> str:
+    """SGLang keeps a state family's states at page 1 only without the extra buffer."""
+    has_state = spec_from_hf_config(family_config(family, VOCAB)).has_mamba
+    return "extra_buffer" if has_state and page > 1 else "no_buffer"
+
+
+def run_models(
+    families: Sequence[str],
+    out: Path,
+    data: Path,
+    pages: Sequence[int] = (1,),
+    *,
+    update: bool = False,
+) -> list[dict[str, Any]]:
+    """Serve each family at each page size stock then with Jenga; summary.json is rewritten
+    after each one (a row per family and page size).
+
+    `update`: keep the rows of other families and page sizes from an existing summary.json
+    (rerunning one, e.g. after a server that failed for a reason outside the model)."""
     out.mkdir(parents=True, exist_ok=True)
     summary = out / "summary.json"
+    runs = [(family, page) for family in families for page in pages]
     kept: list[dict[str, Any]] = []
     if update and summary.exists():
-        kept = [r for r in json.loads(summary.read_text()) if r.get("family") not in families]
+        kept = [
+            r
+            for r in json.loads(summary.read_text())
+            if (r.get("family"), r.get("page_size")) not in runs
+        ]
     rows: list[dict[str, Any]] = []
-    for family in families:
-        flags = [*FAMILIES[family].serve_flags, *(["--page-size", str(page)] if page != 1 else [])]
+    for family, page in runs:
+        spec = FAMILIES[family]
+        flags = [*spec.serve_flags, *(["--page-size", str(page)] if page != 1 else [])]
+        env, strategy = dict(spec.serve_env), strategy_for(family, page)
         model = data / f"tiny-{family}"
         ensure_model(family, model)
-        stock = serve_family(model, False, out / f"{family}-stock.log", flags)
+        name = family if page == 1 else f"{family}-p{page}"
+        stock = serve_family(model, False, out / f"{name}-stock.log", flags, strategy, env)
         # A model stock SGLang cannot serve on CPU has no baseline: no point starting ours.
         jenga = (
-            serve_family(model, True, out / f"{family}-jenga.log", flags)
+            serve_family(model, True, out / f"{name}-jenga.log", flags, strategy, env)
             if stock["served"]
             else {"served": False, "error": "not tried: stock SGLang did not serve it"}
         )
         rows.append(family_row(family, stock, jenga, page))
         summary.write_text(json.dumps(kept + rows, indent=2) + "\n")
-        print(f"e2e-models: {family}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        print(f"e2e-models: {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -194,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
     parser.add_argument("--out", default="out/e2e-models", help="logs and summary.json")
     parser.add_argument("--data", default="data", help="tiny models live in DATA/tiny-FAMILY")
-    parser.add_argument("--page-size", type=int, default=1, help="SGLang --page-size")
+    parser.add_argument(
+        "--page-sizes", default="1", help="comma-separated SGLang --page-size values (each run)"
+    )
     parser.add_argument(
         "--update", action="store_true", help="keep other families' rows of summary.json"
     )
@@ -206,7 +259,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_models(families, out, Path(args.data), args.page_size, update=args.update)
+    try:
+        pages = [int(p) for p in args.page_sizes.split(",") if p]
+    except ValueError:
+        pages = []
+    if not pages or min(pages) < 1:
+        print(
+            f"e2e-models: --page-sizes needs positive integers, got {args.page_sizes!r}",
+            file=sys.stderr,
+        )
+        return 2
+    run_models(families, out, Path(args.data), pages, update=args.update)
     print(table(json.loads((out / "summary.json").read_text())))
     return 0
 

@@ -140,16 +140,15 @@ def check_servable(arch: str, *, is_hybrid_swa: bool) -> None:
         )
 
 
-def widen_windows(spec: ModelSpec, window: int | None) -> ModelSpec:
-    """The spec with every sliding window at least `window` tokens: SGLang's retained window
-    (its attention reads `sliding_window - 1` tokens for gpt-oss, a draft model may read
-    more), so a hit the tree's window rule allows is one every reader can use."""
+def sglang_windows(spec: ModelSpec, window: int | None) -> ModelSpec:
+    """The spec with every sliding window set to SGLang's retained window: the tokens before
+    a position that its window layers read (gpt-oss: `sliding_window - 1`, the config counting
+    the position itself) and a draft model may read more. The tree's window rule (a hit at p
+    needs [p - w, p)) then hits exactly where SGLang's own cache does."""
     if window is None:
         return spec
     groups = tuple(
-        replace(g, window=max(g.window, window))
-        if isinstance(g, AttentionGroup) and g.window is not None
-        else g
+        replace(g, window=window) if isinstance(g, AttentionGroup) and g.window is not None else g
         for g in spec.groups
     )
     return replace(spec, groups=groups)

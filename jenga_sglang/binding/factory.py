@@ -8,7 +8,7 @@ from jenga_sglang.binding.compat import (
     UnsupportedModelError,
     check_servable,
     fold_windows,
-    widen_windows,
+    sglang_windows,
     with_token_slots,
 )
 from jenga_sglang.binding.options import JengaOptions, options_of
@@ -72,7 +72,7 @@ def build_tree_cache(ctx: Any) -> Any:
     check_servable(archs[0], is_hybrid_swa=bool(ctx.is_hybrid_swa))  # docs/models.md
     spec = spec_from_model_config(ctx.model_config, ctx.tp_size)
     if ctx.is_hybrid_swa:  # SGLang's SWA pool: the tree keeps a window group (window_slots)
-        spec = widen_windows(spec, ctx.params.swa_retain_window)
+        spec = sglang_windows(spec, ctx.params.swa_retain_window)
     else:  # one KV pool keeps every layer's KV for every token
         spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
