@@ -245,6 +245,15 @@ class PrefixCache:
     def unpin(self, node: Node | None) -> None:
         self.tree.unlock(node)
 
+    def anchor(self, found: MatchResult) -> Node | None:
+        """The node ending exactly where `found`'s hit ends (None for no hit), splitting the
+        hit's last node when the hit ends inside its edge (an attention-only hit): the node a
+        driver locks for the request then holds only tokens the request reuses."""
+        node = found.node
+        if node is None or node.end == found.length:
+            return node
+        return self.tree.split(node, found.length - node.start)
+
     def reach(self, key: TokenSeq, start: Node | None = None) -> Walk:
         """How much of `key` the tree holds: the walk a `store` of it then inserts along.
         `start`: a node the caller holds locked on `key`'s path (`RadixTree.walk`)."""

@@ -130,21 +130,26 @@ def _merge_into_child(tree: RadixTree, node: Node) -> None:
 
 def trim_window(tree: RadixTree, slot: int) -> bool:
     """Free the window pages of group `slot` that no hit at a node end can use, in the least
-    recently used unlocked node that has any; False when no node has.
+    recently used node that has any; False when no node has.
 
     A hit at p needs the window's last w tokens [p - w, p) (rules.py). Every node end at or
     below a node lies at or past its end, so of a node [start, end) only [end - w, end)
     serves those hits: the part before it (whole pages) is what Jenga evicts first for a
     sliding-window layer. It serves only hits that end inside the edge, where a later
     request leaves it. Full-attention pages stay: every token of the edge is still cached.
-    One scan of the tree per call (the memory calls until it has room)."""
+
+    Locked nodes too: a request holding a lock reads the window before the end of its locked
+    node or past it (the lock node ends where the request's cached prefix ends, and hits
+    end there, PrefixCache.anchor), never before end - w, so a long prompt being prefilled
+    keeps a window, not its whole length. One scan of the tree per call (the memory calls
+    until it has room)."""
     window = tree.attention[slot].window
     assert window is not None
     page = tree.page
     best: Node | None = None
     best_cut = 0
     for node in tree.nodes():
-        if node.lock_ref or node.inner:
+        if node.inner:
             continue
         cut = max(0, node.end - window - node.start)
         cut -= cut % page
@@ -155,6 +160,10 @@ def trim_window(tree: RadixTree, slot: int) -> bool:
     tomb = best.tombstones[slot]
     gone, best.kv[slot] = best.kv[slot].split(best_cut - tomb)
     best.tombstones[slot] = best_cut
-    tree.memory.free_evictable(tree.kv_types[slot], gone)
+    ptype = tree.kv_types[slot]
+    if best.lock_ref:
+        tree.memory.free(ptype, gone)
+    else:
+        tree.memory.free_evictable(ptype, gone)
     tree.policy.update(best)
     return True

@@ -72,6 +72,16 @@ def test_a_short_window_pool_trims_before_it_evicts() -> None:
     s.check_pools()
 
 
+def test_a_prompt_longer_than_the_window_pool_is_served() -> None:
+    """Chunked prefill inserts each chunk's window KV into the tree, on the request's own
+    locked path; a window pool smaller than the prompt trims that path behind the window."""
+    s = SwaSession(full=2048, swa=96, chunk=32)
+    prompt = toks(100, 300)
+    assert s.serve(prompt, toks(50, 4)) == 0
+    assert s.serve([*prompt, 50, 57, 1], toks(60, 2)) == 302  # its end kept its window
+    s.check_pools()
+
+
 def test_window_rule_follows_sglang_window() -> None:
     s = SwaSession()
     assert s.cache.supports_swa()

@@ -74,14 +74,29 @@ def test_a_short_window_group_drops_out_of_window_pages_before_any_entry() -> No
     cache.check_integrity()
 
 
-def test_locked_nodes_are_not_trimmed() -> None:
+def test_a_locked_node_keeps_its_last_window() -> None:
+    """A lock ends where its request's cached prefix does (PrefixCache.anchor), so the
+    request reads no window page before the node's last window: a long prompt being
+    prefilled keeps a window of its own path, not its whole length."""
     cache = make_cache(attention_spec(window=2), budget=16 * 2 * 12)
     leaf = _insert(cache, 0, 10, dropped=0)
     cache.tree.lock(leaf)
     _, swa = cache.tree.kv_types
-    assert not cache.tree.evict_for(swa)  # nothing unlocked to trim or evict
-    assert leaf.tombstones == [0, 0]
-    cache.tree.unlock(leaf)
     assert cache.tree.evict_for(swa)
-    assert leaf.tombstones == [0, 8]
+    assert leaf.tombstones == [0, 8] and leaf.parent is not None
+    assert memory(cache).usage(swa).used == 2  # the last window, still the request's
+    assert not cache.tree.evict_for(swa)  # nothing else: the locked entry stays
+    assert cache.tree.match(seq(0, 10)).length == 10
+    cache.check_integrity()
+
+
+def test_anchor_splits_a_hit_inside_an_edge() -> None:
+    cache = make_cache(attention_spec())
+    leaf = cache.tree.insert(seq(0, 10), 0, cache.allocate_kv(10, 0), {}, now=1)
+    found = cache.lookup(seq(0, 6).concat(seq(50, 2)))
+    assert found.length == 6 and found.node is leaf
+    node = cache.anchor(found)
+    assert node is not None and (node.start, node.end) == (0, 6)
+    assert cache.anchor(cache.lookup(seq(0, 6))) is node  # ends there already: no split
+    assert cache.anchor(cache.lookup(seq(50, 3))) is None
     cache.check_integrity()

@@ -189,7 +189,10 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         found = self.cache.lookup(tokens)
         planned = self._admit(params, found, whole)  # records the hit, plans the states
         self.hit_tokens += found.length
-        node = found.node if found.node is not None else self.root_node
+        # SGLang locks the node it gets back: one ending where the hit does (window pages of
+        # the path before its last window may then be trimmed while it runs, radix/evict.py).
+        anchor = self.cache.anchor(found)
+        node = anchor if anchor is not None else self.root_node
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole))
         if params.cow_mamba and params.req is not None and found.state is not None:
