@@ -72,6 +72,35 @@ def window_params(page: int, full: int, swa: int) -> Any:
     )
 
 
+def jenga_window_params(budget_bytes: int) -> Any:
+    """The same model on the Jenga pool: full and window KV carved from one buffer
+    (binding/pool_build.py `build_jenga_swa_pools`), page size 1."""
+    import torch
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from jenga_sglang.binding.pool_build import KVShape, build_jenga_swa_pools
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+    pools = build_jenga_swa_pools(
+        full=KVShape((1,), 1, 1, torch.float32),
+        window=KVShape((0,), 1, 1, torch.float32),
+        budget_bytes=budget_bytes,
+        device="cpu",
+        req_to_token_pool=ReqToTokenPool(
+            size=8, max_context_len=512, device="cpu", enable_memory_saver=False
+        ),
+    )
+    return CacheInitParams(
+        disable=False,
+        req_to_token_pool=pools.req_to_token_pool,
+        token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
+        page_size=1,
+        sliding_window_size=WINDOW - 1,
+    )
+
+
 def window_spec() -> Any:
     from jenga_sglang.models.spec import AttentionGroup, DType, MlpGroup, ModelSpec
 
@@ -83,7 +112,16 @@ def window_spec() -> Any:
 class SwaSession:
     """One engine: SGLang's SWA pools + our cache, serving requests as the scheduler does."""
 
-    def __init__(self, page: int = 1, full: int = 512, swa: int = 256, chunk: int = 64) -> None:
+    def __init__(
+        self,
+        page: int = 1,
+        full: int = 512,
+        swa: int = 256,
+        chunk: int = 64,
+        jenga_bytes: int | None = None,
+    ) -> None:
+        """SGLang's pools of `full` and `swa` slots, or with `jenga_bytes` the Jenga pool of
+        that many bytes (a K and a V float per token and layer: 8 bytes a slot)."""
         import torch
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
         from sglang.srt.mem_cache import allocation, common
@@ -96,7 +134,11 @@ class SwaSession:
         self.torch, self.Req, self.FINISH_LENGTH = torch, Req, FINISH_LENGTH
         self.SamplingParams, self.allocation, self.common = SamplingParams, allocation, common
         self.page, self.chunk = page, chunk
-        params = window_params(page, full, swa)
+        params = (
+            window_params(page, full, swa)
+            if jenga_bytes is None
+            else jenga_window_params(jenga_bytes)
+        )
         self.pool = params.req_to_token_pool
         self.alloc = params.token_to_kv_pool_allocator
         self.kv = self.alloc.get_kvcache()

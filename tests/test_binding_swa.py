@@ -82,6 +82,26 @@ def test_a_prompt_longer_than_the_window_pool_is_served() -> None:
     s.check_pools()
 
 
+def test_the_jenga_pool_lends_window_bytes_to_full_kv() -> None:
+    """On the Jenga pool full and window KV share one buffer: once window pages out of every
+    window are trimmed, full KV takes their bytes. SGLang's static split of the same bytes
+    (a window pool of 0.8 x the full one) holds fewer full tokens than this tree keeps."""
+    budget = 8 * 2 * 300  # bytes: 8 a slot (K and V, one float each)
+    static_full = budget // int(8 * 1.8)  # full slots of SGLang's split of the same bytes
+    s = SwaSession(jenga_bytes=budget, chunk=32)
+    prompts = [toks(1000 * (k + 1), 100) for k in range(4)]
+    for p in prompts:
+        assert s.serve(p, toks(50, 2)) == 0
+    tree = s.cache.cache.tree
+    assert tree.evicted_nodes == 0
+    held = s.cache.cache.memory.held(s.cache.slots.kv_type)
+    assert held == 4 * 101 > static_full
+    for p in prompts:  # every prompt's end kept its window: each turn 2 hits in full
+        assert s.serve([*p, 50, 9], toks(60, 2)) == 101
+    s.check_pools()
+    s.alloc.paired.check_integrity()
+
+
 def test_window_rule_follows_sglang_window() -> None:
     s = SwaSession()
     assert s.cache.supports_swa()

@@ -344,16 +344,19 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
         calls.append(kwargs)
         return "sglang's pools"
 
-    for options, mambaish in (
-        (JengaOptions(enabled=True, pool=False), object()),
-        (JengaOptions(enabled=True), None),
-        (JengaOptions(), object()),
+    for options, mambaish, swa in (
+        (JengaOptions(enabled=True, pool=False), object(), False),
+        (JengaOptions(enabled=True), None, False),
+        (JengaOptions(), object(), False),
         # pure Mamba2: no attention layer, no KV to share a buffer with
-        (JengaOptions(enabled=True), SimpleNamespace(full_attention_layer_ids=[])),
+        (JengaOptions(enabled=True), SimpleNamespace(full_attention_layer_ids=[]), False),
+        # a sliding-window model with --no-jenga-pool, and one without --enable-jenga
+        (JengaOptions(enabled=True, pool=False), None, True),
+        (JengaOptions(), None, True),
     ):
         args = SimpleNamespace(**{JENGA_ATTR: options})
         configurator = SimpleNamespace(
-            server_args=args, mambaish_config=mambaish, is_draft_worker=False
+            server_args=args, mambaish_config=mambaish, is_draft_worker=False, is_hybrid_swa=swa
         )
         got = around_init_pools(
             original,
@@ -363,7 +366,7 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
             token_to_kv_pool_allocator=None,
         )
         assert got == "sglang's pools"
-    assert len(calls) == 4
+    assert len(calls) == 6
 
     pools = _pools(sg)
     fields = dict(

@@ -1,7 +1,9 @@
-"""SGLang's KV and Mamba slot allocator interfaces over one `SharedJengaPool`.
+"""SGLang's KV and Mamba slot allocator interfaces over one Jenga pool (pool/engine.py).
 
-* `JengaKVAllocator` is a `BaseTokenToKVPoolAllocator` (page size 1): what the scheduler, the
-  prefill budget and our backend call for KV token slots.
+* `JengaTokenAllocator` is a `BaseTokenToKVPoolAllocator` (page size 1) over one KV page type
+  of a Jenga pool: what the scheduler, the prefill budget and our backend call for KV token
+  slots (binding/jenga_swa_allocator.py puts two of them behind SGLang's SWA allocator).
+* `JengaKVAllocator` is one beside Mamba states, with the shared-pool capability below.
 * `JengaMambaAllocator` is a `MambaSlotAllocator`: what `HybridReqToTokenPool` calls for a
   request's state slot and its tracking slots, and what our backend frees states to.
 
@@ -26,22 +28,24 @@ import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
 
+from jenga_sglang.pool.engine import EnginePool
 from jenga_sglang.pool.shared import SharedJengaPool
+from jenga_sglang.radix.pages import PageType
 
 
 def _ids(index: torch.Tensor) -> list[int]:
     return [int(i) for i in index.reshape(-1).tolist()]
 
 
-class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sglang has no types
-    """KV token slots (engine ids) from the shared Jenga pool."""
+class JengaTokenAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sglang: no types
+    """KV token slots (engine ids) of one page type of a Jenga pool (page size 1)."""
 
     def __init__(
-        self, shared: SharedJengaPool, kvcache: Any, dtype: torch.dtype, device: str
+        self, engine: EnginePool, ptype: PageType, kvcache: Any, dtype: torch.dtype, device: str
     ) -> None:
-        super().__init__(shared.max_ids(shared.kv_type), 1, dtype, device, kvcache, False)
-        self.shared = shared
-        self.kv_type = shared.kv_type
+        super().__init__(engine.max_ids(ptype), 1, dtype, device, kvcache, False)
+        self.engine = engine
+        self.kv_type = ptype
         # No free list of SGLang's kind: the invariant checker's free-page census then skips us.
         self.free_pages = None
         self.release_pages = None
@@ -49,17 +53,17 @@ class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
     @property
     def size(self) -> int:
         # Same view as available_size(), so it cancels out of the scheduler's leak check.
-        return int(self.available_size() + self.shared.allocated(self.kv_type))
+        return int(self.available_size() + self.engine.allocated(self.kv_type))
 
     @size.setter
     def size(self, value: int) -> None:
         pass  # the base __init__ and resize() write it; it is computed
 
     def available_size(self) -> int:
-        return self.shared.room(self.kv_type)
+        return self.engine.available(self.kv_type)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        ids = self.shared.alloc(self.kv_type, need_size)
+        ids = self.engine.alloc(self.kv_type, need_size)
         if ids is None:
             return None
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
@@ -70,14 +74,14 @@ class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
         if self.free_group is not None:
             self.free_group.append(self._copy_for_free_group(free_index))
             return
-        self.shared.free(self.kv_type, _ids(free_index))
+        self.engine.free(self.kv_type, _ids(free_index))
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
         self.free(page_ids)  # page size 1: page ids are token ids
 
     def clear(self) -> None:
         self.free_group = None
-        self.shared.free_all(self.kv_type)
+        self.engine.free_all(self.kv_type)
 
     def merge_and_sort_free(self) -> None:
         pass  # nothing is held back: frees reach the pool at once
@@ -102,6 +106,16 @@ class JengaKVAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
         return self._kvcache.load_cpu_copy(
             kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
         )
+
+
+class JengaKVAllocator(JengaTokenAllocator):
+    """KV token slots (engine ids) beside Mamba states in one `SharedJengaPool`."""
+
+    def __init__(
+        self, shared: SharedJengaPool, kvcache: Any, dtype: torch.dtype, device: str
+    ) -> None:
+        super().__init__(shared, shared.kv_type, kvcache, dtype, device)
+        self.shared = shared
 
     # ---- the shared-pool capability our backend (and SGLang's unified cache) looks for ----
 

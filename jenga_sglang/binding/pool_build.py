@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from jenga_sglang.binding.jenga_allocator import JengaKVAllocator, JengaMambaAllocator
+from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
 from jenga_sglang.binding.sglang_pool import (
     JengaHybridReqToTokenPool,
     JengaMambaPool,
@@ -22,6 +23,7 @@ from jenga_sglang.binding.sglang_pool import (
 )
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
 from jenga_sglang.pool.layout import PoolLayout, build_layout, sink_size
+from jenga_sglang.pool.paired import PairedJengaPool
 from jenga_sglang.pool.pool import JengaPool
 from jenga_sglang.pool.shared import SharedJengaPool
 from jenga_sglang.pool.sizing import PoolGeometry, geometry_for_spec
@@ -151,3 +153,76 @@ def build_jenga_pools(
     )
     allocator = JengaKVAllocator(shared, hybrid, kv.dtype, device)
     return JengaPools(req_pool, hybrid, allocator, shared, layout)
+
+
+FULL_TYPE = PageType(PageKind.KV, 0)
+WINDOW_TYPE = PageType(PageKind.KV, 1)
+
+
+@dataclass(frozen=True)
+class JengaSWAPools:
+    """`_init_pools`'s three objects for a hybrid-SWA model, plus our pool and layout."""
+
+    req_to_token_pool: Any  # SGLang's own ReqToTokenPool
+    token_to_kv_pool: Any  # SGLang's SWAKVPool around our two KV pools
+    token_to_kv_pool_allocator: JengaSWAAllocator
+    paired: PairedJengaPool
+    layout: PoolLayout
+
+
+def swa_storage_spec(full: KVShape, window: KVShape) -> ModelSpec:
+    """What the pool stores for a hybrid-SWA model: group 0 full KV, group 1 window KV."""
+    groups = tuple(
+        AttentionGroup(
+            name, len(kv.layer_ids), kv.head_num, kv.head_dim, _dtype(kv.dtype), 1.0, 1.0
+        )
+        for name, kv in (("full", full), ("window", window))
+    )
+    return ModelSpec("jenga-pool-swa-storage", groups, hidden_size=1)
+
+
+def build_jenga_swa_pools(
+    *,
+    full: KVShape,
+    window: KVShape,
+    budget_bytes: int,
+    device: str,
+    req_to_token_pool: Any,
+) -> JengaSWAPools:
+    """One buffer of `budget_bytes` carved into full and window KV pages on demand, SGLang's
+    SWAKVPool over its views and SGLang's SWA allocator over our pool (request rows are
+    SGLang's own `req_to_token_pool`)."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    spec = swa_storage_spec(full, window)
+    geometry = geometry_for_spec(spec)
+    num_large = large_pages_for(geometry, budget_bytes)
+    layout = build_layout(geometry, spec, num_large, device=device, sink=True)
+    paired = PairedJengaPool(
+        JengaPool(geometry, num_large * geometry.large_page_bytes), FULL_TYPE, WINDOW_TYPE
+    )
+    pools = {
+        ptype: JengaMHATokenToKVPool(
+            k_views=[views.k_slots for views in layout.kv[ptype]],
+            v_views=[views.v_slots for views in layout.kv[ptype]],
+            dtype=kv.dtype,
+            device=device,
+        )
+        for ptype, kv in ((FULL_TYPE, full), (WINDOW_TYPE, window))
+    }
+    kv_pool = SWAKVPool(
+        size=pools[FULL_TYPE].size,
+        size_swa=pools[WINDOW_TYPE].size,
+        page_size=1,
+        dtype=full.dtype,
+        head_num=full.head_num,
+        head_dim=full.head_dim,
+        swa_attention_layer_ids=list(window.layer_ids),
+        full_attention_layer_ids=list(full.layer_ids),
+        device=device,
+        # SWAKVPool builds its two halves from these classes: ours are built already.
+        full_kv_pool_class=lambda **_: pools[FULL_TYPE],
+        swa_kv_pool_class=lambda **_: pools[WINDOW_TYPE],
+    )
+    allocator = JengaSWAAllocator(paired, kv_pool, full.dtype, device)
+    return JengaSWAPools(req_to_token_pool, kv_pool, allocator, paired, layout)

@@ -7,8 +7,9 @@ pools"):
 
 * AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model with at least
   one attention layer and the target worker, build ours (binding/pool_build.py) over the static
-  split's byte budget and return SGLang's own `_InitializedPools` record; anything else goes
-  to the original;
+  split's byte budget and return SGLang's own `_InitializedPools` record; a hybrid-SWA model
+  gets its full and window KV from one Jenga pool (binding/swa_pool_hook.py); anything else
+  goes to the original;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -19,7 +20,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from jenga_sglang.binding import swa_pool_hook
 from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
+from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
 from jenga_sglang.binding.options import options_of
 from jenga_sglang.binding.pool_build import (
     KVShape,
@@ -47,9 +50,17 @@ def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
 
 
 def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs: Any) -> Any:
+    from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
+
+    if swa_pool_hook.wanted(configurator, kwargs.get("req_to_token_pool")):
+        built = swa_pool_hook.build(configurator, kwargs["sizes"])
+        return _InitializedPools(
+            req_to_token_pool=built.req_to_token_pool,
+            token_to_kv_pool=built.token_to_kv_pool,
+            token_to_kv_pool_allocator=built.token_to_kv_pool_allocator,
+        )
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
         return original(configurator, **kwargs)
-    from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
 
     pools = _build(configurator, kwargs["sizes"])
     geometry, shared = pools.layout.geometry, pools.shared
@@ -72,11 +83,27 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
 
 
 def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
-    allocator = result.token_to_kv_pool_allocator
-    if not isinstance(allocator, JengaKVAllocator):
-        return None  # keep SGLang's result
     import msgspec
 
+    allocator = result.token_to_kv_pool_allocator
+    if isinstance(allocator, JengaSWAAllocator):
+        # One request may hold at most what its full KV can take beside its window and the
+        # chunk it prefills: SGLang's figure unless the pool gives less (requests are clipped
+        # by it).
+        from sglang.srt.runtime_context import get_schedule
+
+        chunk = max(0, int(get_schedule().chunked_prefill_size or 0))
+        window = int(configurator.model_config.sliding_window_size or 0)
+        fits = allocator.paired.most_full(chunk + window)
+        most = min(int(result.max_total_num_tokens), fits)
+        return msgspec.structs.replace(
+            result,
+            max_total_num_tokens=most,
+            full_max_total_num_tokens=int(allocator.size_full),
+            swa_max_total_num_tokens=int(allocator.size_swa),
+        )
+    if not isinstance(allocator, JengaKVAllocator):
+        return None  # keep SGLang's result
     return msgspec.structs.replace(result, max_total_num_tokens=int(allocator.size))
 
 

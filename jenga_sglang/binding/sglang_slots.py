@@ -60,6 +60,9 @@ class SglangSlots:
         self.donor = donor() if callable(donor) and self.state_type is not None else None
         capacity, page_bytes = self._capacity(), self._page_bytes()
         shared = max(n * page_bytes[t] for t, n in capacity.items()) if self.donor else None
+        paired = getattr(self.allocator, "paired", None)  # the Jenga pool of an SWA model
+        if paired is not None and self.window is not None:
+            shared = int(paired.pool.capacity_bytes)
         self.memory = SlotMemory(capacity, page_bytes, self.give_back, shared, self.room)
         attach = getattr(self.donor, "attach_tree_states", None)
         state_type = self.state_type
@@ -141,14 +144,14 @@ class SglangSlots:
         type" (a short window pool first loses what lies out of every window, radix/evict.py
         `trim_window`)."""
         freed = dict(self.memory.freed_slots)
-        goals = [(self.kv_type, num_tokens)]
-        if self.state_type is not None:
-            goals.append((self.state_type, mamba_num))
-        if self.window_type is not None:
-            goals.append((self.window_type, window_tokens))
-        for ptype, goal in goals:
-            if goal > 0:
-                self.make_room(ptype, self.room(ptype) + goal)
+        # Targets first: on one shared pool freeing one type's pages makes room for the others,
+        # and a shortfall is relative to the room SGLang saw. The window first: what it frees
+        # first (out-of-window pages) loses the least.
+        goals = [(self.window_type, window_tokens), (self.kv_type, num_tokens)]
+        goals.append((self.state_type, mamba_num))
+        targets = [(t, self.room(t) + goal) for t, goal in goals if t is not None and goal > 0]
+        for ptype, target in targets:
+            self.make_room(ptype, target)
         return tuple(
             0 if t is None else self.memory.freed_slots[t] - freed[t]
             for t in (self.kv_type, self.state_type, self.window_type)

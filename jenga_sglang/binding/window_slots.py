@@ -51,16 +51,11 @@ class WindowSlots:
         self.allocator = allocator
         self.mapping: torch.Tensor = allocator.full_to_swa_index_mapping
         self.device = self.mapping.device
-        size = int(allocator.size_swa) + int(allocator.page_size) + 1
+        # The id spaces: the pools' rows (the Jenga pool's allocators report sizes that move).
+        kvcache = allocator.get_kvcache()
+        self.full_capacity, self.window_capacity = int(kvcache.size), int(kvcache.size_swa)
+        size = self.window_capacity + int(allocator.page_size) + 1
         self.full_of = torch.zeros(size, dtype=torch.int64, device=self.device)
-
-    @property
-    def full_capacity(self) -> int:
-        return int(self.allocator.size_full)
-
-    @property
-    def window_capacity(self) -> int:
-        return int(self.allocator.size_swa)
 
     def translate(self, full: torch.Tensor) -> torch.Tensor:
         """The SWA slots of full slots `full` (0 where SGLang freed them)."""

@@ -1,10 +1,6 @@
-"""One JengaPool behind two engine allocators (KV tokens and SSM states), in engine ids.
-
-SGLang's KV and Mamba allocators each hand out slot ids from 1 (slot 0 is the write target of
-padded tokens, the sink row of layout.py). Here engine id i >= 1 of a type is JengaPool page
-i - 1 of that type, so the two allocators draw small pages from one pool: a large page is carved
-for KV or for states on demand, and returns to the one free list when its last page is freed.
-No page ever moves.
+"""One JengaPool behind two engine allocators (KV tokens and SSM states), in engine ids
+(engine.py): a large page is carved for KV or for states on demand, and returns to the one
+free list when its last page is freed. No page ever moves.
 
 State reserve. An engine that admits requests by KV tokens and then expects each new request to
 find its SSM state slots (SGLang's scheduler asserts it) must not see KV take the last large
@@ -30,23 +26,20 @@ may shrink while requests hold states. What KV restraint cannot promise, with or
 netting, is a tree state locked at that moment by a running request's prefix; the engine then
 reclaims bytes by evicting unlocked KV leaves (the old, un-netted reserve had extra slack there:
 the states allocated at the last KV carve).
-
-Pure integer bookkeeping (no torch); binding/jenga_allocator.py turns ids into tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
+from jenga_sglang.pool.engine import EnginePool
 from jenga_sglang.pool.pool import JengaPool
-from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageType
-
-_OWNER = 0  # SGLang's allocators do not say which request allocates: one owner for all
+from jenga_sglang.radix.pages import PageType
 
 TreeStates = Callable[[], int]  # how many allocated states the engine's prefix tree holds now
 
 
-class SharedJengaPool:
+class SharedJengaPool(EnginePool):
     """`pool` shared by a KV type and a state type, in engine ids (page id + 1)."""
 
     def __init__(
@@ -54,19 +47,15 @@ class SharedJengaPool:
     ) -> None:
         if state_reserve < 0:
             raise ValueError(f"state reserve must be >= 0, got {state_reserve}")
-        for ptype in (kv_type, state_type):
-            if ptype not in pool.page_types:
-                raise ValueError(f"{ptype} is not a page type of the pool {pool.page_types}")
+        super().__init__(pool, (kv_type, state_type))
         per_state = pool.geometry.of(state_type).per_large
         if -(-state_reserve // per_state) >= pool.num_large:
             raise ValueError(
                 f"a reserve of {state_reserve} states fills all {pool.num_large} large pages "
                 f"({per_state} states each): no room is left for KV"
             )
-        self.pool = pool
         self.kv_type, self.state_type = kv_type, state_type
         self.state_reserve = state_reserve
-        self._allocated = {kv_type: 0, state_type: 0}
         self._tree_states: TreeStates | None = None
 
     def attach_tree(self, tree_states: TreeStates) -> None:
@@ -78,61 +67,19 @@ class SharedJengaPool:
         """Allocated states that no tree holds; 0 (nothing netted) while no tree is attached."""
         if self._tree_states is None:
             return 0
-        return max(0, self._allocated[self.state_type] - self._tree_states())
+        return max(0, self.allocated(self.state_type) - self._tree_states())
 
     def reserve_needed(self) -> int:
         """States the reserve must still keep reachable: what requests may yet demand."""
         return max(0, self.state_reserve - self.held_by_requests())
 
-    def max_ids(self, ptype: PageType) -> int:
-        """Engine ids of `ptype` are 1..max_ids (every large page carved as it)."""
-        return self.pool.num_pages(ptype)
-
-    def allocated(self, ptype: PageType) -> int:
-        return self._allocated[ptype]
-
     def room(self, ptype: PageType) -> int:
         """Pages of `ptype` `alloc` can take now (KV: without touching the state reserve)."""
-        pool = self.pool
-        per = pool.geometry.of(ptype).per_large
-        free_large = pool.free_large_pages
+        room = super().room(ptype)
         if ptype == self.kv_type:
+            pool = self.pool
             short = max(0, self.reserve_needed() - pool.empty_pages(self.state_type))
             per_state = pool.geometry.of(self.state_type).per_large
-            free_large = max(0, free_large - -(-short // per_state))
-        return pool.empty_pages(ptype) + free_large * per
-
-    def alloc(self, ptype: PageType, count: int) -> list[int] | None:
-        """`count` engine ids of `ptype`, or None (nothing taken) when there is no room."""
-        if count > self.room(ptype):
-            return None
-        try:
-            pages = self.pool.alloc(ptype, count, _OWNER)
-        except OutOfMemory:  # cannot happen within room(); kept so a bug reads as no room
-            return None
-        self._allocated[ptype] += count
-        return [page + 1 for page in pages.ids()]
-
-    def free(self, ptype: PageType, ids: Sequence[int]) -> None:
-        """Give engine ids back; raises ValueError (nothing freed) on an id not allocated."""
-        if not ids:
-            return
-        bad = [i for i in ids if i < 1]
-        if bad:
-            raise ValueError(f"{ptype}: engine ids {bad[:5]} are the sink or negative")
-        self.pool.free(ptype, IdPages([i - 1 for i in ids]))
-        self._allocated[ptype] -= len(ids)
-
-    def allocated_ids(self, ptype: PageType) -> list[int]:
-        return [page + 1 for page in self.pool.used_pages(ptype)]
-
-    def free_all(self, ptype: PageType) -> None:
-        """Free every page of `ptype` (an engine reset); the other type keeps its pages."""
-        self.free(ptype, self.allocated_ids(ptype))
-
-    def check_integrity(self) -> None:
-        """The pool's invariants, and our per-type counts equal to its used pages."""
-        self.pool.check_integrity()
-        for ptype, n in self._allocated.items():
-            used = self.pool.usage(ptype).used
-            assert used == n, f"{ptype}: {n} pages counted as allocated, the pool has {used} used"
+            closed = min(pool.free_large_pages, -(-short // per_state))
+            room -= closed * pool.geometry.of(ptype).per_large
+        return room
