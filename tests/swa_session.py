@@ -72,9 +72,9 @@ def window_params(page: int, full: int, swa: int) -> Any:
     )
 
 
-def jenga_window_params(budget_bytes: int) -> Any:
+def jenga_window_params(budget_bytes: int, page: int = 1) -> Any:
     """The same model on the Jenga pool: full and window KV carved from one buffer
-    (binding/pool_build.py `build_jenga_swa_pools`), page size 1."""
+    (binding/pool_build.py `build_jenga_swa_pools`)."""
     import torch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -82,7 +82,7 @@ def jenga_window_params(budget_bytes: int) -> Any:
 
     from jenga_sglang.binding.pool_build import KVShape, build_jenga_swa_pools
 
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
     pools = build_jenga_swa_pools(
         full=KVShape((1,), 1, 1, torch.float32),
         window=KVShape((0,), 1, 1, torch.float32),
@@ -91,12 +91,13 @@ def jenga_window_params(budget_bytes: int) -> Any:
         req_to_token_pool=ReqToTokenPool(
             size=8, max_context_len=512, device="cpu", enable_memory_saver=False
         ),
+        page_size=page,
     )
     return CacheInitParams(
         disable=False,
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
-        page_size=1,
+        page_size=page,
         sliding_window_size=WINDOW - 1,
     )
 
@@ -137,7 +138,7 @@ class SwaSession:
         params = (
             window_params(page, full, swa)
             if jenga_bytes is None
-            else jenga_window_params(jenga_bytes)
+            else jenga_window_params(jenga_bytes, page)
         )
         self.pool = params.req_to_token_pool
         self.alloc = params.token_to_kv_pool_allocator

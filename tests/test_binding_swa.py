@@ -18,9 +18,9 @@ def toks(base: int, n: int) -> list[int]:
     return [base + (7 * i) % 97 for i in range(n)]
 
 
-@pytest.mark.parametrize("page", [1, 4])
-def test_turns_and_branches_hit_with_their_window(page: int) -> None:
-    s = SwaSession(page=page)
+@pytest.mark.parametrize(("page", "jenga"), [(1, False), (4, False), (1, True), (4, True)])
+def test_turns_and_branches_hit_with_their_window(page: int, jenga: bool) -> None:
+    s = SwaSession(page=page, jenga_bytes=8 * 2 * 600 if jenga else None)
     prompt, reply = toks(100, 40), toks(300, 20)  # the reply outgrows the window: its head
     assert s.serve(prompt, reply) == 0  # of KV leaves the window pool while it decodes
     tree = s.cache.cache.tree

@@ -47,7 +47,14 @@ def _cache_params(sg: Any) -> Any:
     )
 
 
-def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2, rows: int = 4) -> Any:
+def _pools(
+    sg: Any,
+    kv_tokens: int = 64,
+    states: int = 6,
+    reserve: int = 2,
+    rows: int = 4,
+    page_size: int = 1,
+) -> Any:
     from jenga_sglang.binding.pool_build import (
         KVShape,
         build_jenga_pools,
@@ -71,6 +78,7 @@ def _pools(sg: Any, kv_tokens: int = 64, states: int = 6, reserve: int = 2, rows
             "max_context_len": 128,
             "enable_mamba_extra_buffer": False,
         },
+        page_size=page_size,
     )
 
 
@@ -385,3 +393,47 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
     assert replaced.max_total_num_tokens == pools.token_to_kv_pool_allocator.size > 7
     other = msgspec.structs.replace(ours, token_to_kv_pool_allocator=object())
     assert after_configure(other, None) is None
+
+
+def test_paged_kv_slots_fill_pages_and_read_through_sglang(sg: Any) -> None:
+    """--page-size 4: an extend continues the request's partial page after its last slot and
+    then takes whole pages of the pool; a decode step does the same; SGLang's paged KV reads
+    and writes the same bytes as our token-major views; a free gives whole pages back."""
+    from jenga_sglang.binding.pool_build import KV_TYPE
+
+    torch = sg.torch
+    pools = _pools(sg, kv_tokens=64, page_size=4)
+    kv_pool, allocator, layout = (
+        pools.token_to_kv_pool,
+        pools.token_to_kv_pool_allocator,
+        pools.layout,
+    )
+    assert allocator.page_size == kv_pool.page_size == 4
+    free0 = allocator.available_size()
+    one = torch.tensor([0])
+    first = allocator.alloc_extend(
+        one, one, torch.tensor([6]), torch.tensor([6]), torch.tensor([-1]), 6
+    )
+    assert first is not None and len(first) == 6
+    pages = sorted({int(i) // 4 for i in first.tolist()})
+    assert len(pages) == 2 and min(pages) >= 1  # two whole pages, never the sink page
+    assert [int(i) % 4 for i in first.tolist()] == [0, 1, 2, 3, 0, 1]
+    last = first[-1:].clone()
+    more = allocator.alloc_extend(
+        torch.tensor([6]), torch.tensor([6]), torch.tensor([11]), torch.tensor([11]), last, 5
+    )
+    assert more is not None
+    assert more[:2].tolist() == [int(last) + 1, int(last) + 2]  # the partial page first
+    assert int(more[2]) % 4 == 0  # then a fresh page
+    step = allocator.alloc_decode(torch.tensor([12]), torch.tensor([12]), more[-1:])
+    assert step is not None and int(step[0]) == int(more[-1]) + 1
+    assert allocator.available_size() == free0 - 3 * 4
+    k = torch.randn(12, 2, 8).bfloat16()
+    loc = torch.cat([first, more, step])
+    kv_pool.set_kv_buffer(_layer(2), loc, k, k)
+    ours = layout.kv[KV_TYPE][1]
+    assert torch.equal(ours.k_slots[loc], k)
+    assert torch.equal(ours.k[int(loc[0]) // 4, 1], k[1])  # token-major 4-D view agrees
+    allocator.free(loc)
+    assert allocator.available_size() == free0
+    pools.shared.check_integrity()

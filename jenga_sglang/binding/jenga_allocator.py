@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
@@ -38,35 +39,92 @@ def _ids(index: torch.Tensor) -> list[int]:
 
 
 class JengaTokenAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # sglang: no types
-    """KV token slots (engine ids) of one page type of a Jenga pool (page size 1)."""
+    """KV token slots of one page type of a Jenga pool: engine page e (one small page of the
+    pool) holds slots [e * page_size, (e + 1) * page_size), as SGLang's paged allocator
+    numbers them, page 0 being the sink."""
 
     def __init__(
-        self, engine: EnginePool, ptype: PageType, kvcache: Any, dtype: torch.dtype, device: str
+        self,
+        engine: EnginePool,
+        ptype: PageType,
+        kvcache: Any,
+        dtype: torch.dtype,
+        device: str,
+        page_size: int = 1,
     ) -> None:
-        super().__init__(engine.max_ids(ptype), 1, dtype, device, kvcache, False)
+        slots = engine.max_ids(ptype) * page_size
+        super().__init__(slots, page_size, dtype, device, kvcache, False)
         self.engine = engine
         self.kv_type = ptype
         # No free list of SGLang's kind: the invariant checker's free-page census then skips us.
         self.free_pages = None
         self.release_pages = None
+        self.debug_mode = False  # SGLang's paged allocators' self-checks (read by SWA's frees)
 
     @property
     def size(self) -> int:
         # Same view as available_size(), so it cancels out of the scheduler's leak check.
-        return int(self.available_size() + self.engine.allocated(self.kv_type))
+        return int(self.available_size() + self.engine.allocated(self.kv_type) * self.page_size)
 
     @size.setter
     def size(self, value: int) -> None:
         pass  # the base __init__ and resize() write it; it is computed
 
     def available_size(self) -> int:
-        return self.engine.available(self.kv_type)
+        return int(self.engine.available(self.kv_type)) * int(self.page_size)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
+        assert self.page_size == 1, "a paged allocator allocates with alloc_extend / decode"
         ids = self.engine.alloc(self.kv_type, need_size)
         if ids is None:
             return None
         return torch.tensor(ids, dtype=torch.int64, device=self.device)
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        **_: Any,
+    ) -> torch.Tensor | None:
+        """Slots for positions [prefix, seq) of each request: the rest of the page holding
+        position prefix - 1 (slots after `last_loc`), then whole new pages."""
+        return self._extend(prefix_lens_cpu.tolist(), seq_lens_cpu.tolist(), last_loc)
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor, **_: Any
+    ) -> torch.Tensor | None:
+        """One slot per request, for position seq - 1."""
+        seq = seq_lens_cpu.tolist()
+        return self._extend([n - 1 for n in seq], seq, last_loc)
+
+    def _extend(
+        self, starts: list[int], ends: list[int], last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        size = self.page_size
+        new = sum(-(-e // size) - -(-s // size) for s, e in zip(starts, ends, strict=True))
+        pages = self.engine.alloc(self.kv_type, new) if new else []
+        if pages is None:
+            return None
+        last = last_loc.cpu().tolist()
+        fresh = iter(pages)
+        parts: list[np.ndarray[Any, np.dtype[np.int64]]] = []
+        for start, end, loc in zip(starts, ends, last, strict=True):
+            pos = start
+            if pos % size:  # the request's partial page continues after its last slot
+                n = min(end, pos - pos % size + size) - pos
+                parts.append(np.arange(loc + 1, loc + 1 + n, dtype=np.int64))
+                pos += n
+            while pos < end:
+                n = min(size, end - pos)
+                first = next(fresh) * size
+                parts.append(np.arange(first, first + n, dtype=np.int64))
+                pos += n
+        joined = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return torch.from_numpy(joined).to(self.device)
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:
@@ -74,10 +132,13 @@ class JengaTokenAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # 
         if self.free_group is not None:
             self.free_group.append(self._copy_for_free_group(free_index))
             return
-        self.engine.free(self.kv_type, _ids(free_index))
+        if self.page_size == 1:
+            self.engine.free(self.kv_type, _ids(free_index))
+        else:  # whole pages: every slot of a page a caller frees is its own
+            self.free_page_ids(torch.unique(free_index // self.page_size))
 
     def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        self.free(page_ids)  # page size 1: page ids are token ids
+        self.engine.free(self.kv_type, _ids(page_ids))
 
     def clear(self) -> None:
         self.free_group = None
@@ -112,9 +173,14 @@ class JengaKVAllocator(JengaTokenAllocator):
     """KV token slots (engine ids) beside Mamba states in one `SharedJengaPool`."""
 
     def __init__(
-        self, shared: SharedJengaPool, kvcache: Any, dtype: torch.dtype, device: str
+        self,
+        shared: SharedJengaPool,
+        kvcache: Any,
+        dtype: torch.dtype,
+        device: str,
+        page_size: int = 1,
     ) -> None:
-        super().__init__(shared, shared.kv_type, kvcache, dtype, device)
+        super().__init__(shared, shared.kv_type, kvcache, dtype, device, page_size)
         self.shared = shared
 
     # ---- the shared-pool capability our backend (and SGLang's unified cache) looks for ----

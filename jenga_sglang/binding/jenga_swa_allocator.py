@@ -27,25 +27,32 @@ from jenga_sglang.pool.paired import PairedJengaPool
 
 
 class JengaSWAAllocator(SWATokenToKVPoolAllocator):  # type: ignore[misc]  # sglang: no types
-    """Full and window KV slots of a hybrid-SWA model from one `PairedJengaPool` (page 1)."""
+    """Full and window KV slots of a hybrid-SWA model from one `PairedJengaPool` (a small
+    page of the pool holds `page_size` slots, SGLang's --page-size)."""
 
     def __init__(
-        self, paired: PairedJengaPool, kvcache: Any, dtype: torch.dtype, device: str
+        self,
+        paired: PairedJengaPool,
+        kvcache: Any,
+        dtype: torch.dtype,
+        device: str,
+        page_size: int = 1,
     ) -> None:
         # Not SWATokenToKVPoolAllocator.__init__: it would build SGLang's two fixed pools.
         self.paired = paired
-        self.dtype, self.device, self.page_size = dtype, device, 1
-        self.full_attn_allocator = JengaTokenAllocator(
-            paired, paired.full_type, kvcache.full_kv_pool, dtype, device
+        self.dtype, self.device, self.page_size = dtype, device, page_size
+        self.full_attn_allocator, self.swa_attn_allocator = (
+            JengaTokenAllocator(paired, ptype, pool, dtype, device, page_size)
+            for ptype, pool in (
+                (paired.full_type, kvcache.full_kv_pool),
+                (paired.window_type, kvcache.swa_kv_pool),
+            )
         )
-        self.swa_attn_allocator = JengaTokenAllocator(
-            paired, paired.window_type, kvcache.swa_kv_pool, dtype, device
-        )
-        full_ids = paired.max_ids(paired.full_type)
+        full_slots = (paired.max_ids(paired.full_type) + 1) * page_size
         # Trailing -1: a last_loc of -1 (no prefix) reads it, as in SGLang's own allocator.
         self.full_to_swa_index_mapping = torch.cat(
             [
-                torch.zeros(full_ids + 1, dtype=torch.int64, device=device),
+                torch.zeros(full_slots, dtype=torch.int64, device=device),
                 torch.tensor([-1], dtype=torch.int64, device=device),
             ]
         )
@@ -75,7 +82,7 @@ class JengaSWAAllocator(SWATokenToKVPoolAllocator):  # type: ignore[misc]  # sgl
         return min(self.size_full, self.size_swa)
 
     def available_size(self) -> int:
-        return self.paired.pairs()
+        return self.paired.pairs() * self.page_size
 
     def swa_capacity_and_available(
         self, *, full_capacity: int, swa_capacity: int

@@ -91,6 +91,28 @@ def static_split_bytes(spec: ModelSpec, kv_tokens: int, mamba_states: int) -> in
     return (kv_tokens + 1) * spec.kv_bytes_per_token + (mamba_states + 1) * spec.state_bytes
 
 
+def paged_layout(
+    spec: ModelSpec, budget_bytes: int, page_size: int, device: str
+) -> tuple[PoolGeometry, int, PoolLayout]:
+    """Geometry (a KV page holds `page_size` tokens, SGLang's --page-size), large pages of the
+    budget, and the buffer's views. Above one token a KV page is ordered by token, which lets a
+    layer's token slots be one strided view only if the page is not padded (pool/layout.py)."""
+    geometry = geometry_for_spec(spec, tokens_per_page=page_size)
+    for tg in geometry.types:
+        group = spec.groups[tg.ptype.group]
+        token = group.kv_bytes_per_token if isinstance(group, AttentionGroup) else 0
+        if page_size > 1 and token and tg.page_bytes != page_size * token:
+            raise PoolBuildError(
+                f"--page-size {page_size}: KV pages of {page_size} x {token} B are padded to "
+                f"{tg.page_bytes} B in this pool (pass --no-jenga-pool)"
+            )
+    num_large = large_pages_for(geometry, budget_bytes)
+    layout = build_layout(
+        geometry, spec, num_large, device=device, sink=True, token_major=page_size > 1
+    )
+    return geometry, num_large, layout
+
+
 def large_pages_for(geometry: PoolGeometry, budget_bytes: int) -> int:
     """Large pages that fit in `budget_bytes` after the sink."""
     num_large = (budget_bytes - sink_size(geometry)) // geometry.large_page_bytes
@@ -111,14 +133,13 @@ def build_jenga_pools(
     state_reserve: int,
     device: str,
     req_pool_kwargs: dict[str, Any],
+    page_size: int = 1,
 ) -> JengaPools:
     """One buffer of `budget_bytes`, SGLang's pool objects over its views, our allocators."""
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
 
     spec = storage_spec(kv, cache_params)
-    geometry = geometry_for_spec(spec)
-    num_large = large_pages_for(geometry, budget_bytes)
-    layout = build_layout(geometry, spec, num_large, device=device, sink=True)
+    geometry, num_large, layout = paged_layout(spec, budget_bytes, page_size, device)
     pool = JengaPool(geometry, num_large * geometry.large_page_bytes)
     shared = SharedJengaPool(pool, KV_TYPE, STATE_TYPE, state_reserve)
     layers = layout.kv[KV_TYPE]
@@ -127,6 +148,7 @@ def build_jenga_pools(
         v_views=[views.v_slots for views in layers],
         dtype=kv.dtype,
         device=device,
+        page_size=page_size,
     )
     mamba_pool = JengaMambaPool(
         views=layout.state[STATE_TYPE], mamba_layer_ids=mamba_layer_ids, device=device
@@ -143,7 +165,7 @@ def build_jenga_pools(
     hybrid = HybridLinearKVPool(
         size=kv_pool.size,
         dtype=kv.dtype,
-        page_size=1,
+        page_size=page_size,
         head_num=kv.head_num,
         head_dim=kv.head_dim,
         full_attention_layer_ids=list(kv.layer_ids),
@@ -151,7 +173,7 @@ def build_jenga_pools(
         mamba_pool=mamba_pool,
         full_kv_pool=kv_pool,
     )
-    allocator = JengaKVAllocator(shared, hybrid, kv.dtype, device)
+    allocator = JengaKVAllocator(shared, hybrid, kv.dtype, device, page_size)
     return JengaPools(req_pool, hybrid, allocator, shared, layout)
 
 
@@ -188,6 +210,7 @@ def build_jenga_swa_pools(
     budget_bytes: int,
     device: str,
     req_to_token_pool: Any,
+    page_size: int = 1,
 ) -> JengaSWAPools:
     """One buffer of `budget_bytes` carved into full and window KV pages on demand, SGLang's
     SWAKVPool over its views and SGLang's SWA allocator over our pool (request rows are
@@ -195,9 +218,7 @@ def build_jenga_swa_pools(
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
     spec = swa_storage_spec(full, window)
-    geometry = geometry_for_spec(spec)
-    num_large = large_pages_for(geometry, budget_bytes)
-    layout = build_layout(geometry, spec, num_large, device=device, sink=True)
+    geometry, num_large, layout = paged_layout(spec, budget_bytes, page_size, device)
     paired = PairedJengaPool(
         JengaPool(geometry, num_large * geometry.large_page_bytes), FULL_TYPE, WINDOW_TYPE
     )
@@ -207,13 +228,14 @@ def build_jenga_swa_pools(
             v_views=[views.v_slots for views in layout.kv[ptype]],
             dtype=kv.dtype,
             device=device,
+            page_size=page_size,
         )
         for ptype, kv in ((FULL_TYPE, full), (WINDOW_TYPE, window))
     }
     kv_pool = SWAKVPool(
         size=pools[FULL_TYPE].size,
         size_swa=pools[WINDOW_TYPE].size,
-        page_size=1,
+        page_size=page_size,
         dtype=full.dtype,
         head_num=full.head_num,
         head_dim=full.head_dim,
@@ -224,5 +246,5 @@ def build_jenga_swa_pools(
         full_kv_pool_class=lambda **_: pools[FULL_TYPE],
         swa_kv_pool_class=lambda **_: pools[WINDOW_TYPE],
     )
-    allocator = JengaSWAAllocator(paired, kv_pool, full.dtype, device)
+    allocator = JengaSWAAllocator(paired, kv_pool, full.dtype, device, page_size)
     return JengaSWAPools(req_to_token_pool, kv_pool, allocator, paired, layout)

@@ -108,13 +108,11 @@ def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
 
 
 def _check_supported(configurator: Any) -> None:
-    from sglang.srt.runtime_context import get_exec, get_schedule, get_spec
+    from sglang.srt.runtime_context import get_exec, get_spec
 
     problems = []
     if configurator.is_hybrid_swa or configurator.use_mla_backend:
         problems.append("sliding-window or MLA attention")
-    if get_schedule().page_size != 1:
-        problems.append(f"--page-size {get_schedule().page_size} (the pool needs 1)")
     if get_spec().speculative_algorithm is not None:
         problems.append("speculative decoding")
     mamba = get_exec().mamba
@@ -175,4 +173,5 @@ def _build(configurator: Any, sizes: Any) -> Any:
             "enable_overlap_schedule": overlap,
             "start_layer": layer.start_layer,
         },
+        page_size=schedule.page_size,
     )

@@ -33,7 +33,8 @@ from jenga_sglang.pool.layout import StateViews
 
 
 class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang has no types
-    """Full-attention KV pool over per-layer views of the Jenga buffer (page size 1)."""
+    """Full-attention KV pool over per-layer token-slot views of the Jenga buffer (a page of
+    `page_size` slots is one small page of the pool, token-major: pool/layout.py)."""
 
     def __init__(
         self,
@@ -42,14 +43,15 @@ class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang h
         v_views: Sequence[torch.Tensor],
         dtype: torch.dtype,
         device: str,
+        page_size: int = 1,
         start_layer: int | None = None,
         end_layer: int | None = None,
     ) -> None:
         rows, heads, head_dim = k_views[0].shape
         self._k_views, self._v_views = list(k_views), list(v_views)
         super().__init__(
-            size=rows - 1,  # row 0 is the sink
-            page_size=1,
+            size=rows - page_size,  # the first page is the sink
+            page_size=page_size,
             dtype=dtype,
             head_num=heads,
             head_dim=head_dim,

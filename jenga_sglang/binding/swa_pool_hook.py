@@ -39,11 +39,9 @@ def wanted(configurator: Any, req_to_token_pool: Any) -> bool:
 
 
 def _check_supported(configurator: Any) -> None:
-    from sglang.srt.runtime_context import get_schedule, get_spec
+    from sglang.srt.runtime_context import get_spec
 
     problems = []
-    if get_schedule().page_size != 1:
-        problems.append(f"--page-size {get_schedule().page_size} (the SWA pool needs 1)")
     if get_spec().speculative_algorithm is not None:
         problems.append("speculative decoding")
     if getattr(configurator, "is_hybrid_swa_compress", False):
@@ -59,7 +57,7 @@ def _check_supported(configurator: Any) -> None:
 
 def build(configurator: Any, sizes: Any) -> JengaSWAPools:
     """Our pools for the bytes SGLang's static split would take (full + window tokens)."""
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel, get_schedule
 
     _check_supported(configurator)
     layer = configurator.layer_info
@@ -87,6 +85,7 @@ def build(configurator: Any, sizes: Any) -> JengaSWAPools:
         budget_bytes=budget,
         device=configurator.device,
         req_to_token_pool=req_pool,
+        page_size=get_schedule().page_size,
     )
     geometry = pools.layout.geometry
     logger.info(

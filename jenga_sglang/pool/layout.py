@@ -8,7 +8,10 @@ Inside a page (page-major: page first, then layers):
 
 * KV page of an attention group: [K_0 | V_0 | K_1 | V_1 | ...], each block `tokens_per_page`
   rows of (kv_heads, head_dim). Per layer: K and V views [num_pages, tokens_per_page, kv_heads,
-  head_dim].
+  head_dim]. `token_major=True` (SGLang's pools with --page-size > 1) orders a page by token
+  instead: [token 0: K_0 | V_0 | K_1 | ...][token 1: ...], so that with unpadded pages a
+  layer's token slots are uniformly strided across pages, and slot t of an engine page p is
+  row p * tokens_per_page + t of `k_slots`.
 * SSM state page: [conv_0 | conv_1 | ... | temporal_0 | temporal_1 | ...], each tensor starting
   on an `alignment` boundary (conv and temporal have different dtypes). Per layer:
   [num_pages, *conv_shape] and [num_pages, *temporal_shape]; stacked: [layers, num_pages, ...].
@@ -60,7 +63,8 @@ class KVLayerViews:
 
     @property
     def k_slots(self) -> torch.Tensor:
-        """K as [slots, kv_heads, head_dim] (tokens_per_page == 1 only)."""
+        """K as [slots, kv_heads, head_dim] (tokens_per_page == 1, or a token-major layout
+        of unpadded pages)."""
         return _slots(self.k)
 
     @property
@@ -69,12 +73,15 @@ class KVLayerViews:
 
 
 def _slots(view: torch.Tensor) -> torch.Tensor:
-    if view.shape[1] != 1:
+    if view.shape[1] == 1:
+        return view[:, 0]
+    if view.stride(0) != view.shape[1] * view.stride(1):
         raise ValueError(
-            f"slot views need tokens_per_page == 1, got {view.shape[1]}: the slots of one layer "
-            "are not uniformly strided across pages"
+            f"slot views need tokens_per_page == 1 or a token-major layout of unpadded pages "
+            f"(got {view.shape[1]} tokens a page, strides {view.stride()[:2]}): the slots of "
+            "one layer are not uniformly strided across pages"
         )
-    return view[:, 0]
+    return view.flatten(0, 1)
 
 
 @dataclass(frozen=True)
@@ -130,8 +137,10 @@ def build_layout(
     *,
     device: str = "cpu",
     sink: bool = False,
+    token_major: bool = False,
 ) -> PoolLayout:
-    """Allocate num_large * L bytes (plus the sink) on `device` and build every type's views."""
+    """Allocate num_large * L bytes (plus the sink) on `device` and build every type's views
+    (`token_major`: KV pages ordered by token, module doc)."""
     if num_large <= 0:
         raise ValueError(f"num_large must be positive, got {num_large}")
     sink_bytes = sink_size(geometry) if sink else 0
@@ -145,7 +154,7 @@ def build_layout(
         count = num_large * geometry.of(ptype).per_large + int(sink)
         rows = _Rows(count, stride, sink_bytes - stride if sink else 0)
         if ptype.kind is PageKind.KV and isinstance(group, AttentionGroup):
-            kv[ptype] = _kv_views(buffer, group, rows, geometry.tokens_per_page)
+            kv[ptype] = _kv_views(buffer, group, rows, geometry.tokens_per_page, token_major)
         elif ptype.kind is PageKind.STATE and isinstance(group, MambaGroup):
             state[ptype] = _state_views(buffer, group, rows, geometry.alignment)
         else:
@@ -167,15 +176,20 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _kv_views(
-    buffer: torch.Tensor, group: AttentionGroup, rows: _Rows, tpp: int
+    buffer: torch.Tensor, group: AttentionGroup, rows: _Rows, tpp: int, token_major: bool
 ) -> tuple[KVLayerViews, ...]:
     dtype = torch_dtype(group.dtype)
     row = (group.num_kv_heads, group.head_dim)
-    block = tpp * math.prod(row) * dtype.itemsize  # one layer's K (or V) in one page
-    typed = _typed(buffer, dtype, rows.stride, block, rows.origin)
     item = dtype.itemsize
     shape = (rows.num, tpp, *row)
-    strides = (rows.stride // item, *_contiguous((tpp, *row)))
+    if token_major:  # a token's K and V of every layer, then the next token's
+        block = math.prod(row) * item  # one layer's K (or V) of one token
+        token = 2 * group.num_layers * block
+        strides = (rows.stride // item, token // item, *_contiguous(row))
+    else:  # one layer's K (or V) of every token of the page, then the next
+        block = tpp * math.prod(row) * item
+        strides = (rows.stride // item, *_contiguous((tpp, *row)))
+    typed = _typed(buffer, dtype, rows.stride, block, rows.origin)
 
     def at(offset: int) -> torch.Tensor:
         return typed.as_strided(shape, strides, (rows.origin + offset) // item)
