@@ -102,6 +102,39 @@ def test_the_jenga_pool_lends_window_bytes_to_full_kv() -> None:
     s.alloc.paired.check_integrity()
 
 
+@pytest.mark.parametrize("page", [1, 4])
+def test_sglang_sizes_over_the_jenga_pool_are_in_tokens(page: int) -> None:
+    """The configure hook tells SGLang how long one request may grow: what its full KV can
+    take beside a window and a prefill chunk, in tokens at any page size."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
+    from sglang.srt.runtime_context import get_schedule
+    from swa_session import jenga_window_params
+
+    from jenga_sglang.binding.pool_hook import after_configure
+
+    params = jenga_window_params(8 * 2 * 600, page)
+    allocator = params.token_to_kv_pool_allocator
+    result = KVCacheConfigResult(
+        max_total_num_tokens=10**6,
+        max_running_requests=4,
+        full_max_total_num_tokens=10**6,
+        swa_max_total_num_tokens=10**6,
+        req_to_token_pool=params.req_to_token_pool,
+        token_to_kv_pool=allocator.get_kvcache(),
+        token_to_kv_pool_allocator=allocator,
+        memory_pool_config=None,
+    )
+    configurator = SimpleNamespace(model_config=SimpleNamespace(sliding_window_size=WINDOW - 1))
+    got = after_configure(result, configurator)
+    reserve = -(-(int(get_schedule().chunked_prefill_size or 0) + WINDOW - 1) // page)
+    expected = allocator.paired.most_full(reserve) * page
+    assert got.max_total_num_tokens == expected > 0
+    assert got.max_total_num_tokens % page == 0
+    assert got.full_max_total_num_tokens == allocator.size_full == allocator.size_swa
+
+
 def test_window_rule_follows_sglang_window() -> None:
     s = SwaSession()
     assert s.cache.supports_swa()

@@ -106,7 +106,7 @@ class LocalServer:
     def __enter__(self) -> LocalServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         # Triton kernels run in the interpreter
-        env = dict(os.environ, TRITON_INTERPRET="1", **STRATEGY_ENV[self.strategy], **self.env)
+        env = {**os.environ, "TRITON_INTERPRET": "1", **STRATEGY_ENV[self.strategy], **self.env}
         with self.log.open("wb") as sink:
             self._proc = subprocess.Popen(
                 self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -94,7 +94,8 @@ def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
 
         chunk = max(0, int(get_schedule().chunked_prefill_size or 0))
         window = int(configurator.model_config.sliding_window_size or 0)
-        fits = allocator.paired.most_full(chunk + window)
+        page = int(allocator.page_size)
+        fits = allocator.paired.most_full(-(-(chunk + window) // page)) * page
         most = min(int(result.max_total_num_tokens), fits)
         return msgspec.structs.replace(
             result,

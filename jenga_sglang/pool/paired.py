@@ -57,7 +57,7 @@ class PairedJengaPool(EnginePool):
         return self.pairs()
 
     def most_full(self, window_pages: int) -> int:
-        """The most full pages one request could hold if the window type kept
+        """The most full pages (not tokens) one request could hold if the window type kept
         `window_pages` (its window and the chunk being prefilled) and full took the rest."""
         pool, geo = self.pool, self.pool.geometry
         spare = max(0, window_pages - pool.empty_pages(self.window_type))
