@@ -23,6 +23,9 @@ What and why:
   'vllm'`` for every model with RoPE: Llama, Gemma 3, Falcon-H1, Qwen3.5...). Marking that
   module as on CPU skips the fallback; its forward is then dispatched to ``forward_native``
   (the pure-torch one) as before, since SGLang picks its CPU path only with AMX.
+- SGLang's Gated DeltaNet kernels (Qwen3-Next, Qwen3.5): FLA's module-level ``tl`` math aliases,
+  the chunk kernel's bfloat16-only assertion and the gated RMSNorm's SM count
+  (jenga_sglang/cpu_gdn.py says why).
 
 The hooks that let SGLang take its ``extra_buffer`` snapshot path in this mode are in
 jenga_sglang/binding/cpu_snapshots.py.
@@ -124,12 +127,14 @@ def sglang_needs_cpu_patches() -> bool:
 
 
 def install_for_sglang() -> None:
-    """All five patches, for an SGLang process (called from the plugin's ``register``)."""
+    """All the patches, for an SGLang process (called from the plugin's ``register``)."""
+    from jenga_sglang import cpu_gdn
+
     patch_device_context()
     limit_autotuner()
     patch_pin_memory()
     native_rope()
-    bound = bind_sglang_conv_kernels()
+    bound = bind_sglang_conv_kernels() + cpu_gdn.install()
     logger.info(
         "jenga: Triton CPU interpreter patches applied (pid %d; bound %s)",
         os.getpid(),
