@@ -268,3 +268,16 @@ def policy_from_namespace(args: argparse.Namespace) -> PolicyRecord:
     if alpha is not None:
         changes["alpha"] = None if alpha == "auto" else float(alpha)
     return replace(record, **changes)
+
+
+def pool_wanted(configurator: Any, req_to_token_pool: Any) -> bool:
+    """Whether the Jenga pool replaces SGLang's pools for this KV cache configurator:
+    `--enable-jenga` with `--jenga-pool`, the target worker (a draft shares its pools) and no
+    request pool handed in. Which models it fits is the hooks' (pool_hook, swa_pool_hook)."""
+    options = options_of(configurator.server_args)
+    return (
+        options.enabled
+        and options.pool
+        and not configurator.is_draft_worker
+        and req_to_token_pool is None
+    )

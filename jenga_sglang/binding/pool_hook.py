@@ -23,7 +23,7 @@ from typing import Any
 from jenga_sglang.binding import swa_pool_hook
 from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
 from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
-from jenga_sglang.binding.options import options_of
+from jenga_sglang.binding.options import pool_wanted
 from jenga_sglang.binding.pool_build import (
     KVShape,
     PoolBuildError,
@@ -37,15 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
-    options = options_of(configurator.server_args)
     return (
-        options.enabled
-        and options.pool
+        pool_wanted(configurator, req_to_token_pool)
         and configurator.mambaish_config is not None
         # No attention layer (pure Mamba2): no KV to share a buffer with; SGLang's pools.
         and bool(getattr(configurator.mambaish_config, "full_attention_layer_ids", None))
-        and not configurator.is_draft_worker
-        and req_to_token_pool is None
     )
 
 

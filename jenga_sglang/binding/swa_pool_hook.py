@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jenga_sglang.binding.options import options_of
+from jenga_sglang.binding.options import pool_wanted
 from jenga_sglang.binding.pool_build import (
     JengaSWAPools,
     KVShape,
@@ -27,14 +27,10 @@ logger = logging.getLogger(__name__)
 
 def wanted(configurator: Any, req_to_token_pool: Any) -> bool:
     """A hybrid-SWA target model without SSM layers, under --enable-jenga --jenga-pool."""
-    options = options_of(configurator.server_args)
     return (
-        options.enabled
-        and options.pool
+        pool_wanted(configurator, req_to_token_pool)
         and bool(configurator.is_hybrid_swa)
         and configurator.mambaish_config is None
-        and not configurator.is_draft_worker
-        and req_to_token_pool is None
     )
 
 
