@@ -3,9 +3,12 @@
     PYTHONPATH=$PWD .venv/bin/python -m jenga_sglang.bench.studies.bench_serving_cpu \
         --model data/tiny-model --out out/bench-serving.json
 
-For each Mamba strategy (bench/drivers/server.py `STRATEGIES`) and each of stock / `--enable-jenga`,
-it starts a server (bench/drivers/server.py `LocalServer`), runs `python -m sglang.bench_serving`
-offline (`HF_HUB_OFFLINE=1`, the tiny model's tokenizer) on `--dataset-name generated-shared-prefix`
+For each Mamba strategy (bench/drivers/server.py `STRATEGIES`) and each server of `--servers`
+(stock, `--enable-jenga`, `--enable-jenga --no-jenga-pool`; `--server-flags` and `--server-env`
+add to all of them, e.g. gpt-oss's `--attention-backend triton` and a small
+`--max-total-tokens`), it starts a server (bench/drivers/server.py `LocalServer`), runs
+`python -m sglang.bench_serving` offline (`HF_HUB_OFFLINE=1`, the tiny model's tokenizer) on
+`--dataset-name generated-shared-prefix`
 (4 groups x 4 prompts, a 200-token system prompt, 32-token questions, 16 output tokens,
 concurrency 4) and reads back bench_serving's own JSON line (TTFT, input throughput) and the
 server log's prefill lines (cached tokens, prefill rounds). bench_serving reports no cached
@@ -58,19 +61,36 @@ def prefill_figures(log_text: str) -> dict[str, int]:
     return {"prefill_rounds": rounds, "new_tokens": new, "cached_tokens": cached}
 
 
-def run_one(model: str, strategy: str, jenga: bool, work: Path) -> dict[str, Any]:
-    name = f"{strategy}-{'jenga' if jenga else 'stock'}"
+#: The servers a run compares: stock SGLang, ours, and ours on SGLang's own pools.
+SERVERS: dict[str, tuple[str, ...]] = {
+    "stock": (),
+    "jenga": ("--enable-jenga",),
+    "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),
+}
+
+
+def run_one(
+    model: str,
+    strategy: str,
+    server_name: str,
+    work: Path,
+    extra_flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    name = f"{strategy}-{server_name}"
     log, out_file = work / f"server-{name}.log", work / f"gsp-{name}.jsonl"
     out_file.unlink(missing_ok=True)
-    flags = ["--enable-jenga"] if jenga else []
-    with LocalServer(model, flags, log=log, ready_timeout_s=420, strategy=strategy) as server:
+    flags = [*SERVERS[server_name], *extra_flags]
+    with LocalServer(
+        model, flags, log=log, ready_timeout_s=420, strategy=strategy, env=env
+    ) as server:
         argv = bench_serving_argv(server.url, model, out_file, GSP_ARGS)
         env = dict(os.environ, **OFFLINE_ENV)
         subprocess.run(argv, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL)
     line = json.loads(out_file.read_text().splitlines()[-1])
     return {
         "strategy": strategy,
-        "server": "jenga" if jenga else "stock",
+        "server": server_name,
         "completed": line["completed"],
         "mean_ttft_ms": round(line["mean_ttft_ms"], 1),
         "p99_ttft_ms": round(line["p99_ttft_ms"], 1),
@@ -85,15 +105,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="data/tiny-model")
     p.add_argument("--out", default="out/bench-serving.json")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--servers", default="stock,jenga", help=f"of {', '.join(SERVERS)}")
+    p.add_argument(
+        "--server-flags", default="", help="more server flags for every server (one string)"
+    )
+    p.add_argument("--server-env", default="", help="NAME=VALUE,... in every server's environment")
     args = p.parse_args(argv)
+    servers = [s for s in args.servers.split(",") if s]
+    strategies = [s for s in args.strategies.split(",") if s]
+    bad = sorted(set(servers) - set(SERVERS)) + sorted(set(strategies) - set(STRATEGIES))
+    env = dict(kv.split("=", 1) for kv in args.server_env.split(",") if "=" in kv)
+    if bad or not servers or not strategies:
+        p.error(f"unknown servers or strategies: {bad or 'none given'}")
     work = Path(args.out).parent / "bench-serving"
     work.mkdir(parents=True, exist_ok=True)
+    extra = tuple(args.server_flags.split())
     rows = []
-    for strategy in args.strategies.split(","):
-        for jenga in (False, True):
-            rows.append(run_one(args.model, strategy, jenga, work))
+    for strategy in strategies:
+        for server in servers:
+            rows.append(run_one(args.model, strategy, server, work, extra, env))
             print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).write_text(json.dumps({"gsp_args": GSP_ARGS, "rows": rows}, indent=1))
+    record = {"gsp_args": GSP_ARGS, "server_flags": extra, "server_env": env, "rows": rows}
+    Path(args.out).write_text(json.dumps(record, indent=1))
     return 0
 
 

@@ -157,7 +157,16 @@ def family_row(
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ("arch", "served", "identical", "turn2 j/s", "branch j/s", "page", "note")
+    head = (
+        "arch",
+        "served",
+        "identical",
+        "max logprob diff",
+        "turn2 j/s",
+        "branch j/s",
+        "page",
+        "note",
+    )
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         note = r.get("stock_error") or r.get("jenga_error") or ""  # stock failing comes first
@@ -168,6 +177,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
                     r["arch"],
                     r["served"],
                     r["identical_outputs"],
+                    _fmt(r.get("max_logprob_diff")),
                     f"{r['cached_tokens_turn2']}/{r['stock_cached_tokens_turn2']}",
                     f"{r['cached_tokens_branch']}/{r['stock_cached_tokens_branch']}",
                     r["page_size"],
@@ -194,6 +204,10 @@ def strategy_for(family: str, page: int) -> str:
     """SGLang keeps a state family's states at page 1 only without the extra buffer."""
     has_state = spec_from_hf_config(family_config(family, VOCAB)).has_mamba
     return "extra_buffer" if has_state and page > 1 else "no_buffer"
+
+
+def _fmt(diff: float | None) -> str:
+    return "-" if diff is None else f"{diff:.1e}"
 
 
 def run_models(
