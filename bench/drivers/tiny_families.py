@@ -174,9 +174,11 @@ FAMILIES: dict[str, TinyFamily] = {
         },
         # Served in float32 like the others: the plugin's CPU mode lets SGLang's chunked Gated
         # DeltaNet kernel take float32 (it asserts bfloat16, which Triton's CPU interpreter
-        # computes wrongly: jenga_sglang/cpu_gdn.py). Its conv states stay SGLang's bfloat16
-        # default here (the same for both servers); tests/test_cpu_gdn.py serves them in float32
-        # to compare with transformers' float32 forward.
+        # computes wrongly: jenga_sglang/cpu_gdn.py). Conv states in float32 too: SGLang keeps
+        # them in bfloat16 by default, which rounds the conv window every step (log-probability
+        # differences of 1e-2 between a state resumed from the cache and one recomputed), and
+        # then the servers compute transformers' float32 model (tests/test_cpu_gdn.py).
+        serve_env=(("SGLANG_MAMBA_CONV_DTYPE", "float32"),),
     ),
     # gpt-oss: alternating sliding-window (window 32) and full attention layers, MoE MLPs.
     "gpt_oss": TinyFamily(
