@@ -148,8 +148,10 @@ class SlidingTuner(AlphaTuner):
     after the first eviction instead of a whole window later, which on a trace of a few hundred
     requests is most of the run, and each later decision rests on twice the evidence of the one
     before. Later windows are tuned once, at their end. After each window the tuner pauses;
-    when the choice did not change, the pause doubles (up to `max_pause`), so a stable workload
-    is re-checked ever more rarely, and a change of the chosen alpha resets it to `pause`.
+    when the window ends on the alpha the previous one ended on (the first: on the alpha it
+    started with), the pause doubles (up to `max_pause`), so a stable workload is re-checked
+    ever more rarely, and a change resets it to `pause`. Stability is judged window to window:
+    what the first window tried while it grew is not a choice confirmed by a second window.
     Replay cost is len(grid) x window per window (under 2 x window for the first, whatever the
     trace's length), not len(grid) x the whole stream.
 
@@ -187,6 +189,7 @@ class SlidingTuner(AlphaTuner):
         self._windows = 0  # windows started
         self._closing = False  # the tuning in flight is its window's last
         self._steady = True  # one alpha served the whole window so far
+        self._settled = 0.0  # the alpha the last window ended on
 
     def _observe(
         self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
@@ -199,6 +202,8 @@ class SlidingTuner(AlphaTuner):
         elif self._wait > 0:
             self._wait -= 1
         elif self._evicted(cache) and not self.busy:
+            if self._windows == 0:
+                self._settled = cache.eviction.alpha
             self._snap = self._snapshot(cache)
             self._steady = True
             self._check = min(self.first, self.window) if self._windows == 0 else self.window
@@ -217,10 +222,10 @@ class SlidingTuner(AlphaTuner):
         self._tune(cache, snap, recorded, served)
 
     def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:
-        changed = cache.eviction.alpha != before
-        if changed:
+        if cache.eviction.alpha != before:
             self._steady = False
         if self._closing:
-            stable = tuned and not changed
+            stable = tuned and cache.eviction.alpha == self._settled
+            self._settled = cache.eviction.alpha
             self.pause = min(self.max_pause, self.pause * 2) if stable else self.base_pause
             self._wait = self.pause

@@ -409,6 +409,27 @@ def test_first_window_is_replayed_whole_from_one_snapshot_as_it_doubles():
     assert replays[4][0] != replays[0][0]
 
 
+def test_pause_doubles_only_when_a_window_ends_on_the_alpha_the_last_one_ended_on():
+    """Stability is judged window to window: the first window, which moved from alpha 0 to 1
+    while it grew, is a change (pause 4); the second confirms it (pause 8)."""
+    spec = hybrid_spec()
+
+    def favours_one(snap, window, grid):  # type: ignore[no-untyped-def]
+        return [(0.0, 100 if alpha == 1.0 else 0) for alpha in grid]
+
+    cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(), SpeculativeAdmission())
+    tuner = SlidingTuner(window=8, first=2, pause=4, max_pause=64, runner=favours_one)
+    pauses = []
+    for i, (inp, out) in enumerate(chat_trace(6, 10)):
+        tunings = tuner.log.tunings
+        cache.serve(inp, out, owner=i)
+        tuner.after_request(cache, inp, out)  # no served results: every alpha is replayed
+        if tuner.log.tunings > tunings and tuner._wait:
+            pauses.append(tuner.pause)
+    assert tuner.log.history[0][1] == 1.0  # adopted at the first, 2-request tuning
+    assert pauses[:3] == [4, 8, 16]
+
+
 @pytest.mark.parametrize("name", list(BUNDLES))
 def test_bundles_are_deterministic_given_the_same_stream(name: str):
     """Two independent caches (as on two tensor-parallel ranks) make identical decisions."""
