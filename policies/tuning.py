@@ -87,15 +87,21 @@ class AlphaTuner(ABC):
         """Called after each request the cache served; `served` is what `cache.serve` returned
         when the driver served it sequentially (None otherwise, e.g. in engine replay).
 
-        With a background worker, a replay in flight is adopted once it is due, and no new
-        window starts before that."""
+        With a background worker, a replay in flight is adopted once it is due. The tuner goes
+        on observing meanwhile (a window may still be growing), but submits nothing while
+        `busy`."""
         self.seen += 1
-        if self.background is not None and self.background.busy:
+        if self.busy:
+            assert self.background is not None
             outcome = self.background.collect(self.seen)
-            if outcome is None:
-                return
-            self._adopt(cache, outcome)
+            if outcome is not None:
+                self._adopt(cache, outcome)
         self._observe(cache, inp, out, served)
+
+    @property
+    def busy(self) -> bool:
+        """A replay is in flight in the background worker, not yet adopted."""
+        return self.background is not None and self.background.busy
 
     @abstractmethod
     def _observe(

@@ -59,6 +59,27 @@ def test_background_tuning_is_deterministic() -> None:
     assert runs[0] == runs[1]
 
 
+def test_a_growing_window_keeps_recording_while_its_replay_runs() -> None:
+    """The first window is tuned as it grows; its requests that arrive while a replay is in
+    flight still join it, so every replay covers consecutive requests from its snapshot on."""
+    trace = chat_trace(6, 10)
+    replayed: list[list[Recorded]] = []
+
+    def recording_runner(snap: bytes, window: Sequence[Recorded], grid: Sequence[float]) -> Scores:
+        replayed.append(list(window))
+        return run_grid_inline(snap, window, grid)
+
+    tuner = SlidingTuner(16, 4, first=2, runner=recording_runner, background=_threaded(3))
+    serve_all(_cache(), tuner, trace)
+    assert len(replayed) > 2 and max(map(len, replayed)) == 16
+    inputs = [inp for inp, _ in trace]
+    for window in replayed:
+        start = next(i for i, inp in enumerate(inputs) if inp is window[0][0])
+        assert [inp for inp, _ in window] == inputs[start : start + len(window)]
+    first = [w for w in replayed if w[0][0] is replayed[0][0][0]]
+    assert [len(w) for w in first] == [2, 5, 8, 16]  # 4 came while the first was in flight
+
+
 def test_a_dead_worker_keeps_the_alpha_and_the_next_replay_gets_a_new_worker() -> None:
     cache = _cache()
     cache.eviction.alpha = 0.5

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from radix_helpers import hybrid_spec, make_cache, seq, toks
 
@@ -339,6 +341,93 @@ def test_sliding_tuner_retunes_and_backs_off_when_stable():
     assert all(a in tuner.grid for _, a in tuner.log.history)
     gaps = [b - a for (a, _), (b, _) in zip(tuner.log.history, tuner.log.history[1:], strict=False)]
     assert max(gaps) > min(gaps) or len(set(a for _, a in tuner.log.history)) > 1
+
+
+def shared_prompt_trace(requests: int) -> list[tuple[TokenSeq, TokenSeq]]:
+    """Generated-shared-prefix in small: every other request asks one of three 100-token
+    prompts a new question, the others are one-off inputs of 20-40 tokens. Keeping the prompts
+    (alpha 1: long, deep, FLOP-dense) beats keeping what came last (alpha 0)."""
+    rng = random.Random(0)
+    out = []
+    for i in range(requests):
+        if i % 2 == 0:
+            group = rng.randrange(3) + 1
+            prompt = [100_000 * group + k for k in range(100)]
+            inp = prompt + [900_000 + 50 * i + k for k in range(8)]
+        else:
+            inp = [2_000_000 + 100 * i + k for k in range(rng.randint(20, 40))]
+        out.append((TokenSeq.of(inp), TokenSeq.of([800_000 + i])))
+    return out
+
+
+def _first_eviction(cache: PrefixCache, trace: list[tuple[TokenSeq, TokenSeq]]) -> int:
+    """Serve `trace` with no tuner; the number of requests seen at the first eviction."""
+    for i, (inp, out) in enumerate(trace):
+        cache.serve(inp, out, owner=i)
+        if cache.evicted_nodes + cache.evicted_states:
+            return i + 1
+    raise AssertionError("no eviction")
+
+
+def test_sliding_tuner_decides_early_on_a_trace_shorter_than_its_window():
+    """A 200-request trace ends before a 300-request window does: the tuner decides on the
+    first window as it grows (32 requests after the first eviction, then 64, 128), so the
+    trace runs at the better alpha for most of its length instead of at 0 throughout."""
+    spec = hybrid_spec()
+    trace = shared_prompt_trace(200)
+
+    def cache(alpha: float = 0.0) -> PrefixCache:
+        eviction = JengaEviction(alpha)
+        return PrefixCache(spec, byte_budget(spec, 5000), eviction, SpeculativeAdmission())
+
+    recency, flops = serve_all(cache(0.0), None, trace), serve_all(cache(1.0), None, trace)
+    assert flops > 1.3 * recency  # the workload rewards FLOP awareness
+    evicted_at = _first_eviction(cache(), trace)
+    tuner = SlidingTuner()  # the `jenga` bundle's: window 300, first decision at 32
+    tuned = serve_all(cache(), tuner, trace)
+    assert [seen for seen, _ in tuner.log.history] == [evicted_at + n for n in (32, 64, 128)]
+    assert tuner.log.history[0][1] == 1.0
+    assert tuned > recency + 0.5 * (flops - recency)
+
+
+def test_first_window_is_replayed_whole_from_one_snapshot_as_it_doubles():
+    """The first window's tunings replay it from its start at 2, 4, 8 and 16 requests; later
+    windows are tuned once, at their full length, from their own snapshot."""
+    spec = hybrid_spec()
+    replays: list[tuple[bytes, int]] = []
+
+    def recording_runner(snap, window, grid):  # type: ignore[no-untyped-def]
+        replays.append((snap, len(window)))
+        return run_grid_inline(snap, window, grid)
+
+    cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(), SpeculativeAdmission())
+    tuner = SlidingTuner(window=16, first=2, pause=4, max_pause=8, runner=recording_runner)
+    serve_all(cache, tuner, chat_trace(6, 10))
+    assert [n for _, n in replays[:4]] == [2, 4, 8, 16]
+    assert len({snap for snap, _ in replays[:4]}) == 1
+    assert [n for _, n in replays[4:]] == [16] * len(replays[4:]) and len(replays) > 4
+    assert replays[4][0] != replays[0][0]
+
+
+def test_pause_doubles_only_when_a_window_ends_on_the_alpha_the_last_one_ended_on():
+    """Stability is judged window to window: the first window, which moved from alpha 0 to 1
+    while it grew, is a change (pause 4); the second confirms it (pause 8)."""
+    spec = hybrid_spec()
+
+    def favours_one(snap, window, grid):  # type: ignore[no-untyped-def]
+        return [(0.0, 100 if alpha == 1.0 else 0) for alpha in grid]
+
+    cache = PrefixCache(spec, byte_budget(spec, 1200), JengaEviction(), SpeculativeAdmission())
+    tuner = SlidingTuner(window=8, first=2, pause=4, max_pause=64, runner=favours_one)
+    pauses = []
+    for i, (inp, out) in enumerate(chat_trace(6, 10)):
+        tunings = tuner.log.tunings
+        cache.serve(inp, out, owner=i)
+        tuner.after_request(cache, inp, out)  # no served results: every alpha is replayed
+        if tuner.log.tunings > tunings and tuner._wait:
+            pauses.append(tuner.pause)
+    assert tuner.log.history[0][1] == 1.0  # adopted at the first, 2-request tuning
+    assert pauses[:3] == [4, 8, 16]
 
 
 @pytest.mark.parametrize("name", list(BUNDLES))
