@@ -43,10 +43,13 @@ data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 e2e-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.e2e_cpu --model data/tiny-model --out out/e2e
 
-# Every tiny model family (bench/drivers/tiny_families.py) served stock and with --enable-jenga on CPU;
-# out/e2e-models/summary.json and a table (docs/models.md). Builds missing models under data/.
+# Every tiny model family (bench/drivers/tiny_families.py) served stock and with --enable-jenga on CPU,
+# at page 1, and one family of each cache kind at --page-size 16; out/e2e-models/summary.json and a
+# table (docs/models.md). Builds missing models under data/. About 30 minutes on 2 cores.
 e2e-models: install
 	$(PY) -m jenga_sglang.bench.studies.e2e_models --out out/e2e-models
+	$(PY) -m jenga_sglang.bench.studies.e2e_models --families nemotron_h,qwen3_5,gpt_oss \
+	    --page-sizes 16 --update --out out/e2e-models
 
 lint: install
 	$(VENV)/bin/ruff check .
