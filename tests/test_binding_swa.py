@@ -105,11 +105,10 @@ def test_the_jenga_pool_lends_window_bytes_to_full_kv() -> None:
 @pytest.mark.parametrize("page", [1, 4])
 def test_sglang_sizes_over_the_jenga_pool_are_in_tokens(page: int) -> None:
     """The configure hook tells SGLang how long one request may grow: what its full KV can
-    take beside a window and a prefill chunk, in tokens at any page size."""
+    take beside its window, in tokens at any page size (never clipped to nothing)."""
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
-    from sglang.srt.runtime_context import get_schedule
     from swa_session import jenga_window_params
 
     from jenga_sglang.binding.pool_hook import after_configure
@@ -128,9 +127,10 @@ def test_sglang_sizes_over_the_jenga_pool_are_in_tokens(page: int) -> None:
     )
     configurator = SimpleNamespace(model_config=SimpleNamespace(sliding_window_size=WINDOW - 1))
     got = after_configure(result, configurator)
-    reserve = -(-(int(get_schedule().chunked_prefill_size or 0) + WINDOW - 1) // page)
-    expected = allocator.paired.most_full(reserve) * page
+    expected = allocator.paired.most_full(-(-(WINDOW - 1) // page) + 1) * page
     assert got.max_total_num_tokens == expected > 0
+    # more than the pairs that fit: one request's window is all the window KV it needs
+    assert got.max_total_num_tokens > allocator.available_size()
     assert got.max_total_num_tokens % page == 0
     assert got.full_max_total_num_tokens == allocator.size_full == allocator.size_swa
 

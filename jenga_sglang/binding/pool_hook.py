@@ -83,16 +83,18 @@ def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
 
     allocator = result.token_to_kv_pool_allocator
     if isinstance(allocator, JengaSWAAllocator):
-        # One request may hold at most what its full KV can take beside its window and the
-        # chunk it prefills: SGLang's figure unless the pool gives less (requests are clipped
-        # by it).
-        from sglang.srt.runtime_context import get_schedule
-
-        chunk = max(0, int(get_schedule().chunked_prefill_size or 0))
+        # One request may hold at most what its full KV can take beside its window (and a
+        # page): SGLang's figure unless the pool gives less (requests are clipped by it). The
+        # chunk a request prefills is sized by the scheduler from what is free at the time.
         window = int(configurator.model_config.sliding_window_size or 0)
         page = int(allocator.page_size)
-        fits = allocator.paired.most_full(-(-(chunk + window) // page)) * page
+        fits = allocator.paired.most_full(-(-window // page) + 1) * page
         most = min(int(result.max_total_num_tokens), fits)
+        if most < 1:
+            raise PoolBuildError(
+                f"the Jenga pool of {allocator.paired.pool.capacity_bytes} bytes holds no "
+                f"request beside a window of {window} tokens; give SGLang more KV memory"
+            )
         return msgspec.structs.replace(
             result,
             max_total_num_tokens=most,
