@@ -61,6 +61,7 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.policies.admission",
     "jenga_sglang.policies.branching",
     "jenga_sglang.policies.bypass",
+    "jenga_sglang.policies.superseded",
     "jenga_sglang.policies.tuning",
     "jenga_sglang.policies.tuners",
     "jenga_sglang.policies.replay_grid",

@@ -38,6 +38,7 @@ from mypy_extensions import mypyc_attr
 
 from jenga_sglang.policies.bypass import BypassLearner
 from jenga_sglang.policies.ranking import FirstRanked, Ranked
+from jenga_sglang.policies.superseded import SupersedeLearner
 from jenga_sglang.radix.contracts import EvictionPolicy, NodeCost
 from jenga_sglang.radix.cost import SpecNodeCost
 from jenga_sglang.radix.match import Walk
@@ -211,7 +212,9 @@ class JengaEviction(FlopAwareEviction):
       turn k of a chat once turn k + 1 has extended it). Its state costs as much as hundreds
       of tokens of KV and is rarely hit again, so these go first (least recently used among
       them). Dropping one keeps every token's KV (the child absorbs it), so no hit below it is
-      lost.
+      lost. Whether they really are rarely hit again is measured (`SupersedeLearner`): where
+      half of them are resumed from again (a tree of thoughts, whose siblings arrive after the
+      first child went on below), they compete under Marconi's utility like the rest.
 
       A junction (a node that has had two or more children: two continuations were seen
       there) is not superseded by its own hits: a shared prefix (a system prompt, a document)
@@ -234,6 +237,8 @@ class JengaEviction(FlopAwareEviction):
         self.revived_expendable = 0
         self.bypass = BypassLearner()
         self._trusted = False  # the bypass rule the current ranking reflects
+        self.supersede = SupersedeLearner()
+        self._supersede_trusted = True  # the superseded tier the current ranking reflects
 
     @staticmethod
     def is_candidate(node: Node) -> bool:
@@ -268,7 +273,7 @@ class JengaEviction(FlopAwareEviction):
             first = self._expendable
         elif self.bypass.goes_first(node):
             first = self._abandoned
-        elif self.is_superseded(node):
+        elif self._goes_first_superseded(node):
             first = self._superseded
         else:
             self._expendable.discard(node)
@@ -282,8 +287,24 @@ class JengaEviction(FlopAwareEviction):
         self._unrank(node)
         first.put(node, node.last_access)
 
+    def _goes_first_superseded(self, node: Node) -> bool:
+        if self.is_superseded(node):
+            return self.supersede.mark(node)
+        if self.supersede.unmark(node):
+            self._retier()
+        return False
+
+    def _retier(self) -> None:
+        """Re-rank every superseded node when the superseded tier switched on or off."""
+        if self.supersede.trusted != self._supersede_trusted:
+            self._supersede_trusted = self.supersede.trusted
+            for node in self.supersede.marked():
+                self.update(node)
+
     def remove(self, node: Node) -> None:
         self.bypass.removed(node)  # the node leaves the tree
+        if self.supersede.removed(node):
+            self._retier()
         self._expended.discard(node.id)
         self._junctions.discard(node.id)
         self._discard(node)
@@ -301,6 +322,8 @@ class JengaEviction(FlopAwareEviction):
 
     def observe(self, walk: Walk) -> None:
         self._rerank(self.bypass.observe(walk))
+        if self.supersede.observe(walk):
+            self._retier()
 
     def _rerank(self, changed: list[Node]) -> None:
         """Re-rank nodes whose mark changed; all marked ones when the rule switched on or off."""
@@ -320,6 +343,8 @@ class JengaEviction(FlopAwareEviction):
             self._revive(node)
         self._rerank(self.bypass.hit(path) + revived)
         deepest = path[-1]
+        if self.supersede.resumed(deepest):
+            self._retier()
         if deepest in self._superseded:
             deepest.last_access = now
             self._superseded.put(deepest, now)

@@ -1,0 +1,102 @@
+"""The superseded tier measures itself: a tree of thoughts turns it off, chat turns it back on."""
+
+from __future__ import annotations
+
+import pytest
+from radix_helpers import hybrid_spec, make_cache, seq, toks
+
+from jenga_sglang.policies.eviction import JengaEviction
+from jenga_sglang.policies.superseded import SupersedeLearner
+from jenga_sglang.radix.cache import PrefixCache
+from jenga_sglang.radix.evict import drop_state
+from jenga_sglang.radix.tokens import TokenSeq
+
+
+def node_at(cache: PrefixCache, *ids: int):  # type: ignore[no-untyped-def]
+    return cache.tree.match(TokenSeq.of(list(ids))).node
+
+
+def policy_of(cache: PrefixCache) -> JengaEviction:
+    assert isinstance(cache.eviction, JengaEviction)
+    return cache.eviction
+
+
+def thought_and_first_child(cache: PrefixCache, base: int, owner: int) -> list[int]:
+    """A thought (10 tokens + 1 output, state at 11) and its first child, which resumes from
+    the thought's state and goes on below it: the thought's state is superseded."""
+    thought = list(range(base, base + 10))
+    cache.serve(TokenSeq.of(thought), toks(base + 100), owner=owner)
+    path = [*thought, base + 100]
+    cache.serve(TokenSeq.of([*path, base + 200, base + 201]), toks(base + 202), owner=owner + 1)
+    return path
+
+
+def learning_cache(**learner: int | float) -> PrefixCache:
+    cache = make_cache(hybrid_spec(), eviction=JengaEviction(alpha=0.0))
+    policy_of(cache).supersede = SupersedeLearner(**learner)  # type: ignore[arg-type]
+    return cache
+
+
+def test_a_sibling_leaving_where_a_dropped_state_was_revives_it_and_turns_the_tier_off():
+    cache = learning_cache(ghosts=4, min_resolved=1)
+    policy = policy_of(cache)
+    path = thought_and_first_child(cache, 0, owner=1)
+    thought = node_at(cache, *path)
+    assert policy.is_superseded(thought) and policy.victim() is thought  # the tier, trusted
+    cache.tree.evict_for(cache.tree.kv_types[0])  # drops the thought's state: a ghost at 11
+    assert thought.parent is None and policy.supersede.revived == 0
+    # the second child leaves the merged edge exactly where the dropped state was
+    cache.serve(TokenSeq.of([*path, 300, 301]), toks(302), owner=3)
+    assert (policy.supersede.revived, policy.supersede.dead) == (1, 0)
+    assert not policy.supersede.trusted
+    # a new thought's superseded state now competes like any node: the oldest leaf goes first
+    later = thought_and_first_child(cache, 1000, owner=10)
+    assert policy.is_superseded(node_at(cache, *later))
+    assert policy.victim() is not node_at(cache, *later)
+    assert not policy.victim().children  # type: ignore[union-attr]
+    cache.check_integrity()
+
+
+def chat_session(cache: PrefixCache, base: int, owner: int) -> list[int]:
+    """Two turns: turn 1 resumes from turn 0's end and goes on; returns turn 0's path."""
+    cache.serve(seq(base, 6), toks(base + 50), owner=owner)
+    cache.serve(seq(base, 6).concat(toks(base + 50, base + 60)), toks(base + 61), owner=owner + 1)
+    return [*range(base, base + 6), base + 50]
+
+
+def test_ghosts_that_nobody_comes_back_to_are_dead_and_turn_the_tier_back_on():
+    cache = learning_cache(ghosts=2, min_resolved=1)
+    policy = policy_of(cache)
+    path = thought_and_first_child(cache, 0, owner=1)
+    cache.tree.evict_for(cache.tree.kv_types[0])
+    cache.serve(TokenSeq.of([*path, 300, 301]), toks(302), owner=3)  # a revival: tier off
+    assert not policy.supersede.trusted
+    waiting = node_at(cache, *chat_session(cache, 5000, owner=50))
+    assert policy.is_superseded(waiting) and policy.victim() is not waiting
+    for s in range(4):  # turn 0 of four more sessions is dropped; nobody resumes there again
+        turn0 = chat_session(cache, 2000 + 100 * s, owner=20 + 2 * s)
+        drop_state(cache.tree, node_at(cache, *turn0))
+    # four ghosts, room for two: the two oldest were pushed out unused
+    assert (policy.supersede.revived, policy.supersede.dead) == (1, 2)
+    assert policy.supersede.trusted  # 1 revival in 3 resolved is under the bar of a half
+    assert policy.victim() is waiting  # re-ranked into the tier when it switched back on
+    cache.check_integrity()
+
+
+def test_a_trusted_tier_is_decision_for_decision_the_old_one():
+    cache = learning_cache(min_resolved=10**9)
+    policy = policy_of(cache)
+    path = thought_and_first_child(cache, 0, owner=1)
+    cache.tree.evict_for(cache.tree.kv_types[0])
+    cache.serve(TokenSeq.of([*path, 300, 301]), toks(302), owner=3)
+    assert policy.supersede.revived == 1 and policy.supersede.trusted  # too little evidence
+    later = thought_and_first_child(cache, 1000, owner=10)
+    assert policy.victim() is node_at(cache, *later)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"ghosts": 0}, {"min_resolved": 0}, {"max_revival": 0.0}, {"max_revival": 1.5}]
+)
+def test_learner_rejects_bad_settings(kwargs):  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="need ghosts"):
+        SupersedeLearner(**kwargs)
