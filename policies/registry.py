@@ -50,8 +50,9 @@ class PolicyRecord:
                  'speculative' (Marconi, branch where the input leaves the tree),
                  'speculative-sequence' (the reference simulator's: where input + output
                  leaves it; sequential serving only), 'every-block' (vLLM's blocks of 32)
-    eviction     'jenga' (superseded checkpoints first, then FLOP-aware), 'flop-aware' (Marconi
-                 as we first wrote it), 'marconi' (Marconi as the reference computes it), 'lru'
+    eviction     'jenga' (superseded checkpoints first while few are resumed from again, then
+                 FLOP-aware), 'flop-aware' (Marconi as we first wrote it), 'marconi'
+                 (Marconi as the reference computes it), 'lru'
     alpha        FLOP weight of the eviction; None is 'auto': 0 until the tuner picks one
     tuner        how 'auto' is tuned: 'sliding' (ours), 'marconi' (the reference's one shot),
                  'marconi-postevict' (our earlier one shot), 'none'. No tuner runs when alpha
