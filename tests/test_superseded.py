@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from radix_helpers import hybrid_spec, make_cache, seq, toks
 
@@ -81,6 +83,17 @@ def test_ghosts_that_nobody_comes_back_to_are_dead_and_turn_the_tier_back_on():
     assert policy.supersede.trusted  # 1 revival in 3 resolved is under the bar of a half
     assert policy.victim() is waiting  # re-ranked into the tier when it switched back on
     cache.check_integrity()
+
+
+def test_the_tuners_copy_of_the_cache_keeps_the_ghosts():
+    cache = learning_cache(ghosts=4, min_resolved=1)
+    path = thought_and_first_child(cache, 0, owner=1)
+    cache.tree.evict_for(cache.tree.kv_types[0])
+    copy = pickle.loads(pickle.dumps(cache))  # what a tuner's replay starts from
+    copy.serve(TokenSeq.of([*path, 300, 301]), toks(302), owner=3)
+    assert policy_of(copy).supersede.revived == 1 and not policy_of(copy).supersede.trusted
+    assert policy_of(cache).supersede.revived == 0  # the served cache is untouched
+    copy.check_integrity()
 
 
 def test_a_trusted_tier_is_decision_for_decision_the_old_one():
