@@ -85,8 +85,8 @@ def run_one(
         model, flags, log=log, ready_timeout_s=420, strategy=strategy, env=env
     ) as server:
         argv = bench_serving_argv(server.url, model, out_file, GSP_ARGS)
-        env = dict(os.environ, **OFFLINE_ENV)
-        subprocess.run(argv, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL)
+        client_env = dict(os.environ, **OFFLINE_ENV)
+        subprocess.run(argv, env=client_env, check=True, timeout=900, stdout=subprocess.DEVNULL)
     line = json.loads(out_file.read_text().splitlines()[-1])
     return {
         "strategy": strategy,

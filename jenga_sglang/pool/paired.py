@@ -58,7 +58,8 @@ class PairedJengaPool(EnginePool):
 
     def most_full(self, window_pages: int) -> int:
         """The most full pages (not tokens) one request could hold if the window type kept
-        `window_pages` (its window and the chunk being prefilled) and full took the rest."""
+        `window_pages` (the binding asks for a request's window and one page more) and full
+        took the rest."""
         pool, geo = self.pool, self.pool.geometry
         spare = max(0, window_pages - pool.empty_pages(self.window_type))
         free_large = pool.free_large_pages - -(-spare // geo.of(self.window_type).per_large)
