@@ -9,6 +9,7 @@ from jenga_sglang.policies.eviction import LruEviction
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.radix.memory import ByteBudget
+from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
 
 KV_TOKEN = 2 * 1 * 1 * 4 * 2  # K and V, 1 layer, 1 head, head_dim 4, fp16 = 16 bytes/token
@@ -57,3 +58,10 @@ def toks(*ids: int) -> TokenSeq:
 
 def seq(start: int, n: int) -> TokenSeq:
     return TokenSeq.of(list(range(start, start + n)))
+
+
+def node_at(cache: PrefixCache, *ids: int) -> Node:
+    """The node where the tree's match of `ids` ends."""
+    node = cache.tree.match(TokenSeq.of(list(ids))).node
+    assert node is not None
+    return node

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from radix_helpers import hybrid_spec, make_cache, seq, toks
+from radix_helpers import hybrid_spec, make_cache, node_at, seq, toks
 
 from jenga_sglang.policies.admission import (
     EveryBlockAdmission,
@@ -126,10 +126,6 @@ def three_sessions(eviction):  # type: ignore[no-untyped-def]
     cache.serve(toks(40, 41), toks(42), owner=3)  # session 2: state at 3
     cache.serve(toks(1, 2, 3, 4, 5, 6, 7, 8), toks(9), owner=4)  # session 0, turn 1: hits 6
     return cache
-
-
-def node_at(cache: PrefixCache, *ids: int):  # type: ignore[no-untyped-def]
-    return cache.tree.match(TokenSeq.of(list(ids))).node
 
 
 def test_lru_evicts_least_recent_leaf_and_a_hit_refreshes_the_whole_path():

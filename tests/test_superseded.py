@@ -5,17 +5,13 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from radix_helpers import hybrid_spec, make_cache, seq, toks
+from radix_helpers import hybrid_spec, make_cache, node_at, seq, toks
 
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.policies.superseded import SupersedeLearner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.evict import drop_state
 from jenga_sglang.radix.tokens import TokenSeq
-
-
-def node_at(cache: PrefixCache, *ids: int):  # type: ignore[no-untyped-def]
-    return cache.tree.match(TokenSeq.of(list(ids))).node
 
 
 def policy_of(cache: PrefixCache) -> JengaEviction:
