@@ -11,28 +11,29 @@ marconi (the reference's procedure, `MarconiTuner`)
 
 jenga (ours, `SlidingTuner`)
     Re-tunes all along the stream on windows of recent requests, each replayed from a snapshot
-    taken at its start, over alphas in [0, 1], scoring prefill tokens skipped; the first
-    window, from the first eviction, is tuned as it grows (32, 64, 128, 256 requests and its
-    full length); pauses between windows grow while the choice is stable.
+    taken at its start, over alphas in [0, 1] (and 1.25, 1.5, 2 when those all score the
+    same), scoring prefill tokens skipped; the first window, from the first eviction, is tuned
+    as it grows (32, 64, 128, 256 requests and its full length); pauses between windows grow
+    while the choice is stable.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from jenga_sglang.policies.background import BackgroundReplay
-from jenga_sglang.policies.replay_grid import (
-    GridRunner,
-    Recorded,
-)
+from jenga_sglang.policies.replay_grid import GridRunner, Recorded, Scores
 from jenga_sglang.policies.tuning import (
     ALPHA_GRID,
+    BEYOND_GRID,
     JENGA_GRID,
+    UNSCORED,
     AlphaTuner,
     Objective,
     tail_scores,
+    widened_scores,
 )
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.tokens import TokenSeq
@@ -157,7 +158,13 @@ class SlidingTuner(AlphaTuner):
     stream.
 
     The grid stops at alpha = 1: beyond it the FLOP-efficiency term can outweigh the whole
-    recency range, so a node that is never hit again can outlive every recently used one.
+    recency range, so a node that is never hit again can outlive every recently used one, and
+    on chat windows such alphas win the window and lose the stream (a grid to 2 cost ShareGPT
+    at 1 session/s and 2 GB 0.006 of its hit rate). Alphas past 1 (`beyond`) are replayed only
+    when every alpha of the grid scores the same on the window (`widened_scores`): recency at
+    any weight then finds the same hits, as when prefixes come back in a cycle longer than
+    the cache holds, and only an order that lets efficiency outrank recency keeps some of them
+    long enough to be hit. One of them is adopted only if it scores strictly higher.
     """
 
     def __init__(
@@ -170,13 +177,18 @@ class SlidingTuner(AlphaTuner):
         objective: Objective = Objective.TOKENS,
         background: BackgroundReplay | None = None,
         first: int = 32,
+        beyond: Sequence[float] = BEYOND_GRID,
     ) -> None:
-        super().__init__(grid, runner, objective, background)
+        super().__init__((*grid, *beyond), runner, objective, background)
         if window < 1 or not 0 <= pause <= max_pause or first < 1:
             raise ValueError(
                 "need window >= 1, first >= 1 and 0 <= pause <= max_pause: "
                 f"{window}, {first}, {pause}, {max_pause}"
             )
+        if set(grid) & set(beyond):
+            raise ValueError(f"beyond {tuple(beyond)} repeats alphas of the grid {tuple(grid)}")
+        self.base = tuple(grid)
+        self.beyond = tuple(beyond)
         self.window = window
         self.first = first
         self.base_pause = pause
@@ -221,6 +233,32 @@ class SlidingTuner(AlphaTuner):
         else:
             self._check = min(2 * self._check, self.window)
         self._tune(cache, snap, recorded, served)
+
+    def _scores_job(
+        self,
+        current: float,
+        snap: bytes,
+        window: Sequence[Recorded],
+        served: Sequence[ServeResult | None],
+    ) -> Callable[[], Scores]:
+        """`self.grid` is `base` then `beyond`; `beyond` is replayed only on a flat `base`."""
+        pick = 0 if self.objective is Objective.FLOPS else 1
+        return partial(
+            widened_scores,
+            self.runner,
+            self.base,
+            self.beyond,
+            pick,
+            current,
+            snap,
+            window,
+            served,
+        )
+
+    def _adopt(self, cache: PrefixCache, outcome: Scores | Exception) -> None:
+        if not isinstance(outcome, Exception) and len(outcome) == len(self.grid):
+            self.log.widened += int(any(s != UNSCORED for s in outcome[len(self.base) :]))
+        super()._adopt(cache, outcome)
 
     def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:
         if cache.eviction.alpha != before:

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
 #: The sliding tuner re-tunes often, so it uses a coarser grid (0 = recency only, i.e. LRU).
 JENGA_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: Alphas past 1 the sliding tuner replays only when its grid's alphas all score the same.
+BEYOND_GRID: tuple[float, ...] = (1.25, 1.5, 2.0)
+#: The score of an alpha that was not replayed: below every replayed one, so never adopted.
+UNSCORED: tuple[float, int] = (float("-inf"), -1)
 
 
 @dataclass
@@ -54,6 +58,7 @@ class TuningLog:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time (replays in worker processes excluded)
     history: list[tuple[int, float]] = field(default_factory=list)  # (request index, alpha)
+    widened: int = 0  # tunings that also replayed alphas beyond the grid (`widened_scores`)
 
 
 class Objective(Enum):
@@ -125,10 +130,17 @@ class AlphaTuner(ABC):
         they score the alpha in force without a replay (see the module docstring).
         """
         self._alpha_before = cache.eviction.alpha
-        job = partial(
-            grid_scores, self.runner, self.grid, cache.eviction.alpha, snap, window, served
-        )
-        self._run(cache, job)
+        self._run(cache, self._scores_job(cache.eviction.alpha, snap, window, served))
+
+    def _scores_job(
+        self,
+        current: float,
+        snap: bytes,
+        window: Sequence[Recorded],
+        served: Sequence[ServeResult | None],
+    ) -> Callable[[], Scores]:
+        """The replays that score `self.grid` on the window, as one picklable call."""
+        return partial(grid_scores, self.runner, self.grid, current, snap, window, served)
 
     def _run(self, cache: PrefixCache, job: Callable[[], Scores]) -> None:
         """Score the grid now, or hand the job to the background worker."""
@@ -198,3 +210,21 @@ def tail_scores(
         return whole
     head = grid_scores(runner, grid, current, snap, window[:head_len], served[:head_len])
     return [(w[0] - h[0], w[1] - h[1]) for w, h in zip(whole, head, strict=True)]
+
+
+def widened_scores(
+    runner: GridRunner,
+    grid: Sequence[float],
+    beyond: Sequence[float],
+    pick: int,
+    current: float,
+    snap: bytes,
+    window: Sequence[Recorded],
+    served: Sequence[ServeResult | None],
+) -> Scores:
+    """Scores of `grid` then `beyond`; `beyond` is replayed only when every alpha of `grid`
+    scored the same on the objective (`pick`: 0 FLOPs, 1 tokens), else it is `UNSCORED`."""
+    scores = grid_scores(runner, grid, current, snap, window, served)
+    if len({score[pick] for score in scores}) > 1 or not beyond:
+        return scores + [UNSCORED] * len(beyond)
+    return scores + grid_scores(runner, beyond, current, snap, window, served)

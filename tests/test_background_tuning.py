@@ -69,7 +69,10 @@ def test_a_growing_window_keeps_recording_while_its_replay_runs() -> None:
         replayed.append(list(window))
         return run_grid_inline(snap, window, grid)
 
-    tuner = SlidingTuner(16, 4, first=2, runner=recording_runner, background=_threaded(3))
+    # the grid alone: a flat window's replays past alpha 1 would be recorded as a second window
+    tuner = SlidingTuner(
+        16, 4, first=2, runner=recording_runner, background=_threaded(3), beyond=()
+    )
     serve_all(_cache(), tuner, trace)
     assert len(replayed) > 2 and max(map(len, replayed)) == 16
     inputs = [inp for inp, _ in trace]
