@@ -189,6 +189,8 @@ def test_max_seconds_stops_a_slow_server(tmp_path: Path, peer: Peer) -> None:
     assert summary["wall_s"] < 3.0
     assert summary["requests"] == 1 and summary["errors"] == 1
     assert "TimeoutError" in summary["records"][0]["error"]
+    (kind,) = summary["error_kinds"]  # the summary says what failed, not only how many
+    assert "TimeoutError" in kind and summary["error_kinds"][kind] == 1
 
 
 def test_server_error_is_recorded_and_exits_1(tmp_path: Path, peer: Peer) -> None:

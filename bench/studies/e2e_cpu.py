@@ -101,6 +101,7 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "requests": replay["requests"],
         "errors": replay["errors"],
+        "error_kinds": replay["error_kinds"],
         "cached_ratio": round(replay["cached_ratio"], 4),
         "cached_tokens_per_turn": [t["cached_tokens"] for t in replay["per_turn"]],
         "prompt_tokens_per_turn": [t["prompt_tokens"] for t in replay["per_turn"]],
@@ -116,6 +117,7 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
         "chat8": {
             "requests": run["chat8"]["requests"],
             "errors": run["chat8"]["errors"],
+            "error_kinds": run["chat8"]["error_kinds"],
             "prompt_tokens": run["chat8"]["prompt_tokens"],
             "cached_tokens": run["chat8"]["cached_tokens"],
             "mean_ttft_s": _round(run["chat8"]["mean_ttft_s"]),

@@ -23,6 +23,7 @@ import hashlib
 import json
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -189,6 +190,9 @@ def _mean(values: list[float]) -> float | None:
 def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
     """One JSON-able summary: totals, cached tokens and TTFT by turn index, and every request.
 
+    ``error_kinds`` counts the five most frequent error texts, so a summary that reports
+    failures also says what they were.
+
     ``outputs_sha256`` hashes the replies in (session, turn) order, so two runs of the same
     trace with greedy decoding can be compared for identical outputs with one field.
     """
@@ -214,6 +218,7 @@ def summarize(results: list[TurnResult], wall_s: float) -> dict[str, Any]:
     return {
         "requests": len(results),
         "errors": len(results) - len(ok),
+        "error_kinds": dict(Counter(r.error for r in results if r.error).most_common(5)),
         "sessions": len({r.session_id for r in results}),
         "wall_s": round(wall_s, 3),
         "prompt_tokens": prompt,
