@@ -20,20 +20,18 @@ jenga (ours, `SlidingTuner`)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 from jenga_sglang.policies.background import BackgroundReplay
-from jenga_sglang.policies.replay_grid import GridRunner, Recorded, Scores
+from jenga_sglang.policies.replay_grid import GridRunner, Recorded
 from jenga_sglang.policies.tuning import (
     ALPHA_GRID,
     BEYOND_GRID,
     JENGA_GRID,
-    UNSCORED,
     AlphaTuner,
     Objective,
     tail_scores,
-    widened_scores,
 )
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.tokens import TokenSeq
@@ -179,16 +177,12 @@ class SlidingTuner(AlphaTuner):
         first: int = 32,
         beyond: Sequence[float] = BEYOND_GRID,
     ) -> None:
-        super().__init__((*grid, *beyond), runner, objective, background)
+        super().__init__(grid, runner, objective, background, beyond)
         if window < 1 or not 0 <= pause <= max_pause or first < 1:
             raise ValueError(
                 "need window >= 1, first >= 1 and 0 <= pause <= max_pause: "
                 f"{window}, {first}, {pause}, {max_pause}"
             )
-        if set(grid) & set(beyond):
-            raise ValueError(f"beyond {tuple(beyond)} repeats alphas of the grid {tuple(grid)}")
-        self.base = tuple(grid)
-        self.beyond = tuple(beyond)
         self.window = window
         self.first = first
         self.base_pause = pause
@@ -233,32 +227,6 @@ class SlidingTuner(AlphaTuner):
         else:
             self._check = min(2 * self._check, self.window)
         self._tune(cache, snap, recorded, served)
-
-    def _scores_job(
-        self,
-        current: float,
-        snap: bytes,
-        window: Sequence[Recorded],
-        served: Sequence[ServeResult | None],
-    ) -> Callable[[], Scores]:
-        """`self.grid` is `base` then `beyond`; `beyond` is replayed only on a flat `base`."""
-        pick = 0 if self.objective is Objective.FLOPS else 1
-        return partial(
-            widened_scores,
-            self.runner,
-            self.base,
-            self.beyond,
-            pick,
-            current,
-            snap,
-            window,
-            served,
-        )
-
-    def _adopt(self, cache: PrefixCache, outcome: Scores | Exception) -> None:
-        if not isinstance(outcome, Exception) and len(outcome) == len(self.grid):
-            self.log.widened += int(any(s != UNSCORED for s in outcome[len(self.base) :]))
-        super()._adopt(cache, outcome)
 
     def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:
         if cache.eviction.alpha != before:

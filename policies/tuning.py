@@ -75,10 +75,18 @@ class AlphaTuner(ABC):
         runner: GridRunner | None = None,
         objective: Objective = Objective.FLOPS,
         background: BackgroundReplay | None = None,
+        beyond: Sequence[float] = (),
     ) -> None:
-        if not grid or any(a < 0 for a in grid):
-            raise ValueError(f"alpha grid must be non-empty and >= 0: {grid}")
-        self.grid = tuple(grid)
+        """`grid` is scored on every window; `beyond` only on a window where every alpha of
+        `grid` scores the same (`widened_scores`). Alphas are chosen from `self.grid`, the two
+        together."""
+        if not grid or any(a < 0 for a in (*grid, *beyond)):
+            raise ValueError(f"alpha grid must be non-empty and >= 0: {grid}, {beyond}")
+        if set(grid) & set(beyond):
+            raise ValueError(f"beyond {tuple(beyond)} repeats alphas of the grid {tuple(grid)}")
+        self.base = tuple(grid)
+        self.beyond = tuple(beyond)
+        self.grid = (*self.base, *self.beyond)
         self.runner: GridRunner = runner or run_grid_inline
         self.objective = objective
         self.background = background
@@ -130,17 +138,22 @@ class AlphaTuner(ABC):
         they score the alpha in force without a replay (see the module docstring).
         """
         self._alpha_before = cache.eviction.alpha
-        self._run(cache, self._scores_job(cache.eviction.alpha, snap, window, served))
+        job = partial(
+            widened_scores,
+            self.runner,
+            self.base,
+            self.beyond,
+            self._score_index(),
+            cache.eviction.alpha,
+            snap,
+            window,
+            served,
+        )
+        self._run(cache, job)
 
-    def _scores_job(
-        self,
-        current: float,
-        snap: bytes,
-        window: Sequence[Recorded],
-        served: Sequence[ServeResult | None],
-    ) -> Callable[[], Scores]:
-        """The replays that score `self.grid` on the window, as one picklable call."""
-        return partial(grid_scores, self.runner, self.grid, current, snap, window, served)
+    def _score_index(self) -> int:
+        """Which part of a (FLOPs saved, tokens hit) score the objective maximises."""
+        return 0 if self.objective is Objective.FLOPS else 1
 
     def _run(self, cache: PrefixCache, job: Callable[[], Scores]) -> None:
         """Score the grid now, or hand the job to the background worker."""
@@ -172,7 +185,8 @@ class AlphaTuner(ABC):
             )
             self._tuned(cache, False, before)
             return
-        pick = 0 if self.objective is Objective.FLOPS else 1
+        self.log.widened += int(any(s != UNSCORED for s in outcome[len(self.base) :]))
+        pick = self._score_index()
         best = max(range(len(self.grid)), key=lambda i: (outcome[i][pick], -self.grid[i]))
         cache.eviction.alpha = self.grid[best]
         self.log.tunings += 1
