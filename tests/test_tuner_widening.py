@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from radix_helpers import hybrid_spec
 
 from jenga_sglang.policies.admission import SpeculativeAdmission
+from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import JengaEviction
 from jenga_sglang.policies.replay_grid import Recorded, Scores
@@ -102,3 +103,23 @@ def test_an_alpha_past_the_grid_is_kept_only_while_the_grid_stays_flat():
             break
     assert asked == [(0.0, 1.0)]
     assert tuner.log.history[-1][1] == 1.0 and tuner.log.widened == 0
+
+
+def test_the_server_s_background_worker_widens_as_inline_tuning_does():
+    """The server tunes in a spawned worker process: the widened job pickles, and its first
+    adoption past the grid is inline tuning's, `lag` requests later."""
+    inline = SlidingTuner(window=24, first=6, pause=12)
+    serve(0.0, inline)
+    first_inline = next(h for h in inline.log.history if h[1] in BEYOND_GRID)
+
+    lag = 2
+    background = BackgroundReplay(lag)  # the server's worker: a spawned process
+    tuner = SlidingTuner(window=24, first=6, pause=12, background=background)
+    try:
+        hits = serve(0.0, tuner)
+    finally:
+        background.close()
+    assert tuner.log.failures == 0 and tuner.log.widened >= 1
+    first = next(h for h in tuner.log.history if h[1] in BEYOND_GRID)
+    assert first == (first_inline[0] + lag, first_inline[1])
+    assert hits > 0
