@@ -11,11 +11,14 @@ from jenga_sglang.bench.cli.main import build_parser
 from jenga_sglang.bench.cli.robustness import markdown, plot
 from jenga_sglang.bench.studies.robustness import (
     DEFAULT,
+    FULL,
+    HELD_OUT,
     ORACLE_GRID,
     configs_from,
     oracle_policies,
     summarise,
 )
+from jenga_sglang.bench.traces.build import cache_path
 
 
 def _records(trace: str, gb: float, jenga: float, marconi: float, lru: float,
@@ -85,3 +88,19 @@ def test_every_default_family_is_named_and_the_cli_parses() -> None:
     assert len(oracle_policies()) == 9
     args = build_parser().parse_args(["robustness", "--full", "--jobs", "1", "--json"])
     assert args.full and args.jobs == 1 and args.json
+
+
+def test_the_held_out_set_shares_no_trace_with_the_sets_rules_are_chosen_on() -> None:
+    """Every family is there, and no held-out trace is one of DEFAULT's or FULL's: a rule chosen
+    on those is checked on traces it has not seen."""
+    assert {f.name for f in HELD_OUT} == {f.name for f in FULL}
+    seen = {cache_path(w.kind, w.params) for f in (*DEFAULT, *FULL) for w in f.workloads}
+    held = [cache_path(w.kind, w.params) for f in HELD_OUT for w in f.workloads]
+    assert len(set(held)) == len(held) and not seen & set(held)
+
+
+def test_the_cli_takes_one_set() -> None:
+    args = build_parser().parse_args(["robustness", "--held-out"])
+    assert args.held_out and not args.full
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["robustness", "--full", "--held-out"])

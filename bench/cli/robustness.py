@@ -1,7 +1,10 @@
-"""`jenga-bench robustness [--full]`: build the families' traces, sweep, table, JSON and plot.
+"""`jenga-bench robustness [--full | --held-out]`: build the families' traces, sweep, table,
+JSON and plot.
 
     jenga-bench robustness --jobs 2                  # a few minutes on 2 cores (compiled build)
     jenga-bench robustness --full --jobs 2 --json    # more rates, budgets, lengths and skews
+    jenga-bench robustness --held-out --jobs 2       # other seeds and rates: a rule chosen on
+                                                     # the two sets above, checked on new traces
 
 Writes under `--out` (default out/robustness): `records.jsonl` (every run's sweep record),
 `robustness.md` (the table) and `robustness.png`; prints the table, or with `--json` one JSON
@@ -22,6 +25,8 @@ from jenga_sglang.bench.studies.robustness import (
     BASELINES,
     DEFAULT,
     FULL,
+    HELD_OUT,
+    HELD_OUT_SEED,
     MAX_POINTS_BELOW_BASELINE,
     MIN_FRACTION_OF_ORACLE,
     ORACLE_GRID,
@@ -37,7 +42,16 @@ def add_robustness_parser(subparsers: Any) -> argparse.ArgumentParser:
         "robustness",
         help="jenga vs marconi, sglang-lru and the best fixed alpha on every workload family",
     )
-    p.add_argument("--full", action="store_true", help="the larger set of workloads and budgets")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--full", action="store_true", help="the larger set of workloads and budgets"
+    )
+    which.add_argument(
+        "--held-out",
+        action="store_true",
+        help=f"generators at seed {HELD_OUT_SEED}, ShareGPT at 0.75 and 3 sessions/s: "
+        "traces no policy rule was chosen on",
+    )
     p.add_argument("--model", default="marconi-7b")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--out", type=Path, default=Path("out/robustness"))
@@ -152,7 +166,7 @@ def plot(summary: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], path
 def cmd_robustness(args: argparse.Namespace) -> int:
     from jenga_sglang.bench.studies.report import read_records
 
-    families = FULL if args.full else DEFAULT
+    families = HELD_OUT if args.held_out else FULL if args.full else DEFAULT
     where = _traces(families, args.cache_dir, not args.no_progress)
     records = read_records([args.records]) if args.records else _sweep(where, args)
     records = [r for r in records if r["trace"] in where]

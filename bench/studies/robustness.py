@@ -16,7 +16,7 @@ analysis; `robustness_cli.py` runs the sweep, prints the table and draws the plo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jenga_sglang.bench.traces.agent import AgentParams
@@ -52,12 +52,19 @@ class Family:
 
 
 def _gsp(
-    pop: str, sys_len: int, q_len: int, budgets: tuple[float, ...], zipf: float = 1.1
+    pop: str,
+    sys_len: int,
+    q_len: int,
+    budgets: tuple[float, ...],
+    zipf: float = 1.1,
+    seed: int | None = None,
 ) -> Workload:
     label = f"{pop}{zipf:g} " if pop == "zipf" else f"{pop} "
     params = GSPParams(
         popularity=pop, zipf_alpha=zipf, system_prompt_len=sys_len, question_len=q_len
     )
+    if seed is not None:
+        params, label = replace(params, seed=seed), f"seed {seed} {label}"
     return Workload(f"{label}{sys_len}/{q_len}", "gsp", params, budgets)
 
 
@@ -126,6 +133,49 @@ FULL: tuple[Family, ...] = (
         ),
     ),
     Family("tree", (Workload("default", "tree", TreeParams(), (0.5, 1, 2, 4)),)),
+)
+
+#: A policy rule is chosen on `DEFAULT` and `FULL`; `--held-out` checks it on traces no rule was
+#: shaped on: every seeded generator at another seed, and ShareGPT (the dataset's sessions in
+#: order, no seed) at rates the other sets do not use.
+HELD_OUT_SEED = 7
+HELD_OUT: tuple[Family, ...] = (
+    Family(
+        "sharegpt",
+        tuple(
+            Workload(f"{r:g} sessions/s", "sharegpt", ShareGPTParams(rate=r), (1, 2, 5, 10))
+            for r in (0.75, 3.0)
+        ),
+    ),
+    Family(
+        "agent",
+        (Workload("seed 7", "agent", replace(AgentParams(), seed=HELD_OUT_SEED), (5, 10, 20)),),
+    ),
+    Family("gsp-uniform", (_gsp("uniform", 10240, 256, (10, 20, 30), seed=HELD_OUT_SEED),)),
+    Family(
+        "gsp-zipf",
+        (
+            _gsp("zipf", 10240, 256, (5, 10, 20, 30), seed=HELD_OUT_SEED),
+            _gsp("zipf", 2048, 256, (1, 2, 4), seed=HELD_OUT_SEED),
+            _gsp("zipf", 2048, 256, (1, 2, 4), 1.5, seed=HELD_OUT_SEED),
+        ),
+    ),
+    Family(
+        "doc-qa",
+        (
+            Workload(
+                "16x32 seed 7", "doc-qa", replace(_DOC_QA_LONG, seed=HELD_OUT_SEED), (5, 10, 20)
+            ),
+        ),
+    ),
+    Family(
+        "fork",
+        (Workload("seed 7", "fork", replace(ForkParams(), seed=HELD_OUT_SEED), (0.25, 0.5)),),
+    ),
+    Family(
+        "tree",
+        (Workload("seed 7", "tree", replace(TreeParams(), seed=HELD_OUT_SEED), (0.5, 1, 2)),),
+    ),
 )
 
 
