@@ -9,8 +9,9 @@ every configuration (trace x budget) the report compares `jenga` with
 * the best fixed alpha in hindsight: max over `marconi@A`, A in `ORACLE_GRID`, target
   jenga >= 97% of it;
 
-and lists the families worst ratio first. This module holds the workload sets and the
-analysis; `robustness_cli.py` runs the sweep, prints the table and draws the plot.
+and lists the families worst ratio first. This module holds the workload sets (`DEFAULT`,
+`FULL`, and `HELD_OUT` to check a rule chosen on those two) and the analysis;
+bench/cli/robustness.py runs the sweep, prints the table and draws the plot.
 """
 
 from __future__ import annotations
