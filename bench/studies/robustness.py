@@ -140,6 +140,7 @@ FULL: tuple[Family, ...] = (
 #: shaped on: every seeded generator at another seed, and ShareGPT (the dataset's sessions in
 #: order, no seed) at rates the other sets do not use.
 HELD_OUT_SEED = 7
+_HELD = f"seed {HELD_OUT_SEED}"
 HELD_OUT: tuple[Family, ...] = (
     Family(
         "sharegpt",
@@ -150,7 +151,7 @@ HELD_OUT: tuple[Family, ...] = (
     ),
     Family(
         "agent",
-        (Workload("seed 7", "agent", replace(AgentParams(), seed=HELD_OUT_SEED), (5, 10, 20)),),
+        (Workload(_HELD, "agent", replace(AgentParams(), seed=HELD_OUT_SEED), (5, 10, 20)),),
     ),
     Family("gsp-uniform", (_gsp("uniform", 10240, 256, (10, 20, 30), seed=HELD_OUT_SEED),)),
     Family(
@@ -165,17 +166,17 @@ HELD_OUT: tuple[Family, ...] = (
         "doc-qa",
         (
             Workload(
-                "16x32 seed 7", "doc-qa", replace(_DOC_QA_LONG, seed=HELD_OUT_SEED), (5, 10, 20)
+                f"16x32 {_HELD}", "doc-qa", replace(_DOC_QA_LONG, seed=HELD_OUT_SEED), (5, 10, 20)
             ),
         ),
     ),
     Family(
         "fork",
-        (Workload("seed 7", "fork", replace(ForkParams(), seed=HELD_OUT_SEED), (0.25, 0.5)),),
+        (Workload(_HELD, "fork", replace(ForkParams(), seed=HELD_OUT_SEED), (0.25, 0.5)),),
     ),
     Family(
         "tree",
-        (Workload("seed 7", "tree", replace(TreeParams(), seed=HELD_OUT_SEED), (0.5, 1, 2)),),
+        (Workload(_HELD, "tree", replace(TreeParams(), seed=HELD_OUT_SEED), (0.5, 1, 2)),),
     ),
 )
 
