@@ -26,6 +26,7 @@ from jenga_sglang.bench.studies.robustness import (
     DEFAULT,
     FULL,
     HELD_OUT,
+    HELD_OUT_RATES,
     HELD_OUT_SEED,
     MAX_POINTS_BELOW_BASELINE,
     MIN_FRACTION_OF_ORACLE,
@@ -49,7 +50,8 @@ def add_robustness_parser(subparsers: Any) -> argparse.ArgumentParser:
     which.add_argument(
         "--held-out",
         action="store_true",
-        help=f"generators at seed {HELD_OUT_SEED}, ShareGPT at 0.75 and 3 sessions/s: "
+        help=f"generators at seed {HELD_OUT_SEED}, ShareGPT at "
+        f"{' and '.join(f'{r:g}' for r in HELD_OUT_RATES)} sessions/s: "
         "traces no policy rule was chosen on",
     )
     p.add_argument("--model", default="marconi-7b")

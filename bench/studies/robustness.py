@@ -69,6 +69,13 @@ def _gsp(
     return Workload(f"{label}{sys_len}/{q_len}", "gsp", params, budgets)
 
 
+def _sharegpt(rates: Sequence[float]) -> tuple[Workload, ...]:
+    return tuple(
+        Workload(f"{r:g} sessions/s", "sharegpt", ShareGPTParams(rate=r), (1, 2, 5, 10))
+        for r in rates
+    )
+
+
 #: 16 articles asked 32 questions each (512 requests). The generator's default (8 x 4, 32
 #: requests) and 16 x 8 (128) end before any online tuner has seen a window: in `FULL` only.
 _DOC_QA_LONG = DocQAParams(articles=16, questions=32)
@@ -93,10 +100,7 @@ DEFAULT: tuple[Family, ...] = (
 FULL: tuple[Family, ...] = (
     Family(
         "sharegpt",
-        tuple(
-            Workload(f"{r:g} sessions/s", "sharegpt", ShareGPTParams(rate=r), (1, 2, 5, 10))
-            for r in (0.25, 1.0, 5.0)
-        ),
+        _sharegpt((0.25, 1.0, 5.0)),
     ),
     Family("agent", (Workload("default", "agent", AgentParams(), (5, 10, 15, 20, 40)),)),
     Family(
@@ -140,14 +144,12 @@ FULL: tuple[Family, ...] = (
 #: shaped on: every seeded generator at another seed, and ShareGPT (the dataset's sessions in
 #: order, no seed) at rates the other sets do not use.
 HELD_OUT_SEED = 7
+HELD_OUT_RATES: tuple[float, ...] = (0.75, 3.0)  # ShareGPT sessions/s
 _HELD = f"seed {HELD_OUT_SEED}"
 HELD_OUT: tuple[Family, ...] = (
     Family(
         "sharegpt",
-        tuple(
-            Workload(f"{r:g} sessions/s", "sharegpt", ShareGPTParams(rate=r), (1, 2, 5, 10))
-            for r in (0.75, 3.0)
-        ),
+        _sharegpt(HELD_OUT_RATES),
     ),
     Family(
         "agent",
