@@ -153,7 +153,7 @@ HELD_OUT: tuple[Family, ...] = (
     ),
     Family(
         "agent",
-        (Workload(_HELD, "agent", replace(AgentParams(), seed=HELD_OUT_SEED), (5, 10, 20)),),
+        (Workload(_HELD, "agent", AgentParams(seed=HELD_OUT_SEED), (5, 10, 20)),),
     ),
     Family("gsp-uniform", (_gsp("uniform", 10240, 256, (10, 20, 30), seed=HELD_OUT_SEED),)),
     Family(
@@ -174,11 +174,11 @@ HELD_OUT: tuple[Family, ...] = (
     ),
     Family(
         "fork",
-        (Workload(_HELD, "fork", replace(ForkParams(), seed=HELD_OUT_SEED), (0.25, 0.5)),),
+        (Workload(_HELD, "fork", ForkParams(seed=HELD_OUT_SEED), (0.25, 0.5)),),
     ),
     Family(
         "tree",
-        (Workload(_HELD, "tree", replace(TreeParams(), seed=HELD_OUT_SEED), (0.5, 1, 2)),),
+        (Workload(_HELD, "tree", TreeParams(seed=HELD_OUT_SEED), (0.5, 1, 2)),),
     ),
 )
 
