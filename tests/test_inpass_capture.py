@@ -31,7 +31,7 @@ import pytest
 from jenga_sglang.binding.capture_geometry import plan_geometry
 from jenga_sglang.binding.captures import Capture, PendingCaptures
 from jenga_sglang.kernels.conv_gather import NO_INIT
-from jenga_sglang.kernels.roll_forward import NO_SOURCE
+from jenga_sglang.kernels.ssd_capture import NO_STATE
 
 ROOT = Path(__file__).resolve().parents[1]
 FP32_TOL = 1e-5
@@ -47,18 +47,18 @@ def test_geometry_rolls_from_the_last_boundary_inside_the_row() -> None:
     assert g.dst == (10, 11, 12, 13)
     assert g.conv_start == (0, 50, 50, 140) and g.conv_count == (2, 14, 78, 60)
     assert g.conv_init_row == (NO_INIT, 1, 1, NO_INIT)
-    # f = 64 and 128 lie on boundaries inside row 1: chunks 1 and 2, nothing to roll;
-    # f = 200 (row 2) rolls 8 tokens from boundary 192.
-    assert g.from_chunks.src == (1, 2, 3) and g.from_chunks.dst == (11, 12, 13)
-    assert g.from_chunks.start == (64, 128, 192) and g.from_chunks.count == (0, 0, 8)
-    # f = 2: no boundary inside row 0 before it, roll from the row's (zero) start state.
-    assert g.from_start.src == (NO_SOURCE,) and g.from_start.count == (2,)
+    # f = 2: no boundary inside row 0 before it, from the row's (zero) start state;
+    # f = 64 and 128 lie on boundaries inside row 1: chunks 1 and 2, no token to apply;
+    # f = 200 (row 2) applies 8 tokens from boundary 192.
+    assert g.chunk_src == (NO_STATE, 1, 2, 3) and g.row_src == (NO_STATE,) * 4
+    assert g.ssm_start == (0, 64, 128, 192) and g.ssm_count == (2, 0, 0, 8)
+    assert not g.reads_row_states
 
 
 def test_geometry_uses_the_row_start_state_not_a_boundary_at_the_row_start() -> None:
     g = plan_geometry((Capture(1, 5, 3),), [0, 7], [64, 10], 64, 8)
-    assert g.from_chunks.dst == ()
-    assert g.from_start.src == (1,) and g.from_start.start == (64,) and g.from_start.count == (5,)
+    assert g.chunk_src == (NO_STATE,) and g.row_src == (1,) and g.reads_row_states
+    assert g.ssm_start == (64,) and g.ssm_count == (5,)
 
 
 def test_geometry_rejects_captures_outside_their_row_and_bad_slots() -> None:

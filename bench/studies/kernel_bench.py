@@ -110,13 +110,14 @@ def make_prefill(shape: dict[str, int], rows: int, length: int, captures: int, d
 def sglang_scan() -> Callable[..., Any] | None:
     if importlib.util.find_spec("sglang") is None:
         return None
-    from sglang.kernels.ops.mamba.triton_ops.ssd_combined import mamba_chunk_scan_combined
+    from sglang.kernels.ops.mamba.triton_ops.ssd_combined import _mamba_chunk_scan_combined_fwd
 
-    return mamba_chunk_scan_combined  # type: ignore[no-any-return]
+    return _mamba_chunk_scan_combined_fwd  # type: ignore[no-any-return]
 
 
 def scan(pf: Prefill, chunk: int) -> Any:
-    """The chunked scan of the packed rows; returns the chunk-boundary states (nchunks,H,P,N)."""
+    """The chunked scan of the packed rows; returns its processed dt, dA cumsum (H, nchunks,
+    chunk) and chunk-boundary states (nchunks, H, P, N)."""
     import torch
 
     fn = sglang_scan()
@@ -126,24 +127,23 @@ def scan(pf: Prefill, chunk: int) -> Any:
     )[None]
     args = (pf.x[None], pf.dt[None], pf.a, pf.b[None], pf.c[None], chunk)
     kw = dict(dt_bias=pf.dt_bias, dt_softplus=True, seq_idx=seq_idx, cu_seqlens=cu)
-    if fn is not None:
-        out = torch.empty_like(pf.x[None])
-        states, _, _ = fn(*args, **kw, out=out, return_varlen_states=True, return_track_states=True)
-        return states[0]
-    from mamba_ssm.ops.triton.ssd_combined import _mamba_chunk_scan_combined_fwd
-
-    return _mamba_chunk_scan_combined_fwd(*args, **kw)[4][0]
+    if fn is None:
+        raise RuntimeError("kernel_bench needs SGLang's Mamba Triton ops (docs/kernels.md)")
+    out = torch.empty_like(pf.x[None])
+    res = fn(*args, **kw, out=out)
+    return res[1][0], res[2][0], res[3][0]
 
 
-def capture_ours(pf: Prefill, chunk: int, states: Any, ssm_out: Any, conv_out: Any) -> Any:
+def capture_ours(pf: Prefill, chunk: int, scan_out: Any, ssm_out: Any, conv_out: Any) -> Any:
     """Our launches for every capture (geometry as binding/capture_geometry.py plans it)."""
     import torch
 
     from jenga_sglang.binding.capture_geometry import plan_geometry
     from jenga_sglang.binding.captures import Capture
     from jenga_sglang.kernels.conv_gather import gather_conv_states
-    from jenga_sglang.kernels.roll_forward import DtProcessing, roll_forward_ssm_states
+    from jenga_sglang.kernels.ssd_capture import SsdCaptures, capture_ssd_states
 
+    dt, cumsum, states = scan_out
     lens = [b - a for a, b in zip(pf.cu, pf.cu[1:], strict=False)]
     caps = tuple(Capture(r, o, i) for i, (r, o) in enumerate(pf.caps))
     geo = plan_geometry(caps, [0] * len(lens), lens, chunk, ssm_out.shape[0])
@@ -153,20 +153,13 @@ def capture_ours(pf: Prefill, chunk: int, states: Any, ssm_out: Any, conv_out: A
         return torch.tensor(v, dtype=torch.int64, device=dev)
 
     conv = [ids(v) for v in (geo.dst, geo.conv_start, geo.conv_count)]
-    rolls = [
-        (s, [ids(v) for v in (r.src, r.dst, r.start, r.count)])
-        for s, r in ((states, geo.from_chunks), (states, geo.from_start))
-        if r.dst
-    ]
-    proc = DtProcessing(pf.dt_bias, True)
+    ssm = SsdCaptures(
+        *(ids(v) for v in (geo.chunk_src, geo.row_src, geo.dst, geo.ssm_start, geo.ssm_count))
+    )
 
     def run() -> None:
         gather_conv_states(pf.xbc, conv_out, *conv, checked=True)
-        for src_states, (src, dst, start, count) in rolls:
-            roll_forward_ssm_states(
-                src_states, src, ssm_out, dst, pf.x, pf.dt, pf.b, pf.a, start, count, proc,
-                checked=True,
-            )  # fmt: skip
+        capture_ssd_states(states, None, ssm_out, pf.x, pf.b, dt, cumsum, ssm, checked=True)
 
     return run
 
@@ -244,11 +237,12 @@ def bench_capture(
 
     shape, chunk = SHAPES[model], SHAPES[model]["chunk"]
     pf = make_prefill(shape, rows, length, captures, timer.device)
-    states = scan(pf, chunk)
+    scan_out = scan(pf, chunk)
+    states = scan_out[2]
     n = len(pf.caps)
     ours_out = torch.zeros(n, *states.shape[1:], device=timer.device)
     conv_out = torch.zeros(n, pf.xbc.shape[1], shape["conv_k"] - 1, device=timer.device)
-    ours = capture_ours(pf, chunk, states, ours_out, conv_out)
+    ours = capture_ours(pf, chunk, scan_out, ours_out, conv_out)
     row: dict[str, Any] = {"bench": "capture", "model": model, "tokens": rows * length}
     row |= {"captures": n, "device": timer.device}
     row["layer_forward_s"] = timer(layer_forward(pf, shape, chunk))

@@ -14,12 +14,14 @@ Hooks (registered through SGLang's HookRegistry by the plugin; no SGLang file is
 * AROUND the mixer's `causal_conv1d_fn` (both bindings): before the conv overwrites the live
   slots, the conv state at every capture is gathered from the packed conv inputs and the
   rows' initial conv states (kernels/conv_gather.py);
-* AROUND `mamba_chunk_scan_combined`: after the scan, every SSM state is rolled forward from
-  the scan's chunk-boundary states or the row's start state (kernels/roll_forward.py).
+* AROUND the scan's `_mamba_chunk_scan_combined_fwd` (inside SGLang's
+  `mamba_chunk_scan_combined`): after the scan, every SSM state is computed in one launch from
+  the scan's own chunk-boundary states, processed `dt` and decay cumsum, or from the row's start
+  state (kernels/ssd_capture.py).
 
-Per Mamba layer that is three small launches, touching only the <= chunk tokens before each
-capture; no extra forward, no chunk cut. Outside a capturing forward each hook is one
-context-variable read.
+Per Mamba layer that is two launches, touching only the <= chunk tokens before each capture;
+no extra forward, no chunk cut. Outside a capturing forward each hook is one context-variable
+read.
 """
 
 from __future__ import annotations
@@ -32,28 +34,21 @@ from typing import Any
 
 import torch
 
-from jenga_sglang.binding.capture_geometry import Geometry, Roll, plan_geometry
+from jenga_sglang.binding.capture_geometry import Geometry, plan_geometry
 from jenga_sglang.binding.captures import BatchCaptures
 from jenga_sglang.kernels.conv_gather import NO_INIT, gather_conv_states
-from jenga_sglang.kernels.roll_forward import DtProcessing, roll_forward_ssm_states
+from jenga_sglang.kernels.ssd_capture import SsdCaptures, capture_ssd_states
 
 BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
 BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend"
 MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
+SCAN_FWD = "sglang.kernels.ops.mamba.triton_ops.ssd_combined._mamba_chunk_scan_combined_fwd"
 RUNNERS = (
     "sglang.srt.model_executor.runner.eager_runner.EagerRunner",
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner",
 )
 ATTR = "jenga_captures"  # on ScheduleBatch / ForwardBatch / Mamba2Metadata
-
-
-@dataclass(frozen=True)
-class _Launch:
-    src: torch.Tensor
-    dst: torch.Tensor
-    start: torch.Tensor
-    count: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -64,8 +59,8 @@ class ForwardCaptures:
     conv_start: torch.Tensor
     conv_count: torch.Tensor
     conv_init: torch.Tensor  # live slot holding older conv inputs, or NO_INIT
-    from_chunks: _Launch | None
-    from_start: _Launch | None
+    ssm: SsdCaptures  # dst: physical slots
+    reads_row_states: bool
 
 
 @dataclass
@@ -76,12 +71,6 @@ class _Layer:
 
 
 _LAYER: contextvars.ContextVar[_Layer | None] = contextvars.ContextVar("jenga_layer", default=None)
-
-
-def _launch(roll: Roll, device: torch.device) -> _Launch | None:
-    if not roll.dst:
-        return None
-    return _Launch(*(_ids(v, device) for v in (roll.src, roll.dst, roll.start, roll.count)))
 
 
 def _ids(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -96,23 +85,22 @@ def build(
     device = live_slots.device
     rows = _ids(geometry.conv_init_row, device)
     init = torch.where(rows >= 0, live_slots[rows.clamp(min=0)].to(torch.int64), NO_INIT)
+    dst = translate(_ids(geometry.dst, device)).to(torch.int64)
+    ssm = SsdCaptures(
+        chunk_src=_ids(geometry.chunk_src, device),
+        row_src=_ids(geometry.row_src, device),
+        dst=dst,
+        start=_ids(geometry.ssm_start, device),
+        count=_ids(geometry.ssm_count, device),
+    )
     return ForwardCaptures(
-        dst=translate(_ids(geometry.dst, device)).to(torch.int64),
+        dst=dst,
         conv_start=_ids(geometry.conv_start, device),
         conv_count=_ids(geometry.conv_count, device),
         conv_init=init,
-        from_chunks=_translated(_launch(geometry.from_chunks, device), translate),
-        from_start=_translated(_launch(geometry.from_start, device), translate),
+        ssm=ssm,
+        reads_row_states=geometry.reads_row_states,
     )
-
-
-def _translated(
-    launch: _Launch | None, translate: Callable[[torch.Tensor], torch.Tensor]
-) -> _Launch | None:
-    if launch is None:
-        return None
-    dst = translate(launch.dst).to(torch.int64)
-    return _Launch(launch.src, dst, launch.start, launch.count)
 
 
 # ---------------------------------------------------------------- scheduler-side hooks
@@ -182,35 +170,24 @@ def around_conv(original: Callable[..., Any], x: Any, *a: Any, **k: Any) -> Any:
 _SCAN_PARAMS: dict[Callable[..., Any], inspect.Signature] = {}
 
 
-def around_scan(original: Callable[..., Any], *a: Any, **k: Any) -> Any:
+def around_scan_fwd(original: Callable[..., Any], *a: Any, **k: Any) -> Any:
+    """After the scan, every capture's SSM state from the scan's own chunk states, processed
+    dt and decay cumsum (its results 1-3), in one launch into the layer's temporal pool."""
     result = original(*a, **k)
     layer = _LAYER.get()
     if layer is None:
         return result
     sig = _SCAN_PARAMS.setdefault(original, inspect.signature(original))
     args = sig.bind(*a, **k).arguments
-    if not args.get("return_track_states"):
-        raise RuntimeError("jenga in-pass capture: the Mamba2 scan returned no chunk states")
-    _roll_all(layer, args, result[0][0])
-    return result
-
-
-def _roll_all(layer: _Layer, args: dict[str, Any], chunk_states: torch.Tensor) -> None:
-    """Every capture's SSM state into the layer's temporal pool (module doc)."""
-    limit = args.get("dt_limit", (0.0, float("inf")))
-    proc = DtProcessing(args.get("dt_bias"), bool(args.get("dt_softplus")), *limit)
-    x, dt, b = args["x"][0], args["dt"][0], args["B"][0]
-    out = layer.cache.temporal
+    _, dt, cumsum, chunk_states = result[:4]
     initial = args.get("initial_states")
-    for launch, states in (
-        (layer.captures.from_chunks, chunk_states),
-        (layer.captures.from_start, initial if initial is not None else chunk_states),
-    ):
-        if launch is not None:
-            roll_forward_ssm_states(
-                states, launch.src, out, launch.dst, x, dt, b, args["A"],
-                launch.start, launch.count, proc, checked=True,
-            )  # fmt: skip
+    if initial is None and layer.captures.reads_row_states:
+        raise RuntimeError("jenga in-pass capture: a row's start state was not passed to the scan")
+    capture_ssd_states(
+        chunk_states[0], initial, layer.cache.temporal, args["x"][0], args["B"][0],
+        dt[0], cumsum[0], layer.captures.ssm, checked=True,
+    )  # fmt: skip
+    return result
 
 
 def register(registry: Any, hook_type: Any) -> None:
@@ -225,4 +202,4 @@ def register(registry: Any, hook_type: Any) -> None:
     registry.register(f"{MIXER_MODULE}.MambaMixer2.forward", around_mixer_forward, hook_type.AROUND)
     registry.register(f"{MIXER_MODULE}.causal_conv1d_fn", around_conv, hook_type.AROUND)
     registry.register(f"{MIXER_MODULE}.causal_conv1d_fn_triton", around_conv, hook_type.AROUND)
-    registry.register(f"{MIXER_MODULE}.mamba_chunk_scan_combined", around_scan, hook_type.AROUND)
+    registry.register(SCAN_FWD, around_scan_fwd, hook_type.AROUND)

@@ -9,44 +9,45 @@ tokens (flat position f = q_i + o) needs:
   the packed inputs [q_i, f) and, for the ones before q_i, from the live slot's conv state;
 * SSM: the scan materialises the state entering every chunk of `chunk` packed tokens (its
   `states[k]`, at flat position k*chunk). Take the last boundary b = k*chunk with q_i < b <= f
-  (a boundary inside the row, so the state is this row's) and roll forward the r = f - b < chunk
-  remaining tokens (kernels/roll_forward.py); with no such boundary, roll from the row's own
-  start state over r = o tokens (o < chunk then, since the next boundary after q_i lies past f).
-  A boundary at exactly q_i is not used: the state entering that chunk is the row's start
-  state, which the second group reads directly.
+  (a boundary inside the row, so the state is this row's) and apply the r = f - b <= chunk
+  tokens after it (kernels/ssd_capture.py); with no such boundary, start from the row's own
+  start state and apply its o tokens (they lie in one chunk then, since the next boundary
+  after q_i lies past f). A boundary at exactly q_i is not used: the state entering that chunk
+  is the row's start state, which the second case reads directly.
 
-All indices are checked here on the host, so the per-layer launches need no device sync.
+Every capture's tokens lie inside one scan chunk, which is what lets the kernel reuse the
+scan's own per-chunk decay cumsum. All indices are checked here on the host, so the per-layer
+launches need no device sync.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jenga_sglang.binding.captures import Capture
 from jenga_sglang.kernels.conv_gather import NO_INIT, check_conv_requests
-from jenga_sglang.kernels.roll_forward import NO_SOURCE, check_roll_requests
-
-
-@dataclass(frozen=True)
-class Roll:
-    """One roll-forward launch: per capture, source row/chunk, destination, packed token range."""
-
-    src: tuple[int, ...]
-    dst: tuple[int, ...]
-    start: tuple[int, ...]
-    count: tuple[int, ...]
+from jenga_sglang.kernels.ssd_capture import NO_STATE, check_ssd_captures
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """Every index list of one forward's captures (destinations are SGLang Mamba slot ids)."""
+    """Every index list of one forward's captures, one entry per capture (destinations are
+    SGLang Mamba slot ids)."""
 
     dst: tuple[int, ...]
     conv_start: tuple[int, ...]  # q_i
     conv_count: tuple[int, ...]  # o
     conv_init_row: tuple[int, ...]  # row whose live slot holds older inputs, or NO_INIT
-    from_chunks: Roll  # src = chunk index k of the scan's states
-    from_start: Roll  # src = row of the scan's initial states, or NO_SOURCE (zero state)
+    chunk_src: tuple[int, ...]  # k: the scan's state entering chunk k, or NO_STATE
+    row_src: tuple[int, ...]  # row whose start state starts it, or NO_STATE
+    ssm_start: tuple[int, ...]  # first packed token applied
+    ssm_count: tuple[int, ...]  # tokens applied
+
+    @property
+    def reads_row_states(self) -> bool:
+        """Whether a capture starts from a row's start state (the scan's initial states)."""
+        return any(r != NO_STATE for r in self.row_src)
 
 
 def plan_geometry(
@@ -66,38 +67,30 @@ def plan_geometry(
         starts.append(starts[-1] + n)
     tokens = starts[-1]
     nchunks = -(-tokens // chunk)
-    dst, c_start, c_count, c_init = [], [], [], []
-    chunks: list[tuple[int, int, int, int]] = []  # (src, dst, start, count) per launch entry
-    own: list[tuple[int, int, int, int]] = []
+    conv: list[tuple[int, int, int, int]] = []  # (dst, start, count, init row)
+    ssm: list[tuple[int, int, int, int]] = []  # (chunk src, row src, start, count)
     for cap in captures:
         if not (0 <= cap.row < len(extend_lens) and 1 <= cap.offset <= extend_lens[cap.row]):
             raise ValueError(f"capture {cap} outside its row ({len(extend_lens)} rows)")
         q, f = starts[cap.row], starts[cap.row] + cap.offset
-        has_start = prefix_lens[cap.row] > 0
-        dst.append(cap.slot)
-        c_start.append(q)
-        c_count.append(cap.offset)
-        c_init.append(cap.row if has_start else NO_INIT)
+        own = cap.row if prefix_lens[cap.row] > 0 else NO_STATE
+        conv.append((cap.slot, q, cap.offset, own if own != NO_STATE else NO_INIT))
         k = min(f // chunk, nchunks - 1)
         if k * chunk > q:
-            chunks.append((k, cap.slot, k * chunk, f - k * chunk))
+            ssm.append((k, NO_STATE, k * chunk, f - k * chunk))
         else:
-            own.append((cap.row if has_start else NO_SOURCE, cap.slot, q, cap.offset))
-    check_conv_requests(dst, c_start, c_count, slots, tokens)
-    from_chunks, from_start = _roll(chunks), _roll(own)
-    check_roll_requests(*_lists(from_chunks), (nchunks, slots), tokens)
-    check_roll_requests(*_lists(from_start), (len(extend_lens), slots), tokens)
-    return Geometry(
-        tuple(dst), tuple(c_start), tuple(c_count), tuple(c_init), from_chunks, from_start
-    )
+            ssm.append((NO_STATE, own, q, cap.offset))
+    dst, c_start, c_count, c_init = _columns(conv, 4)
+    chunk_src, row_src, s_start, s_count = _columns(ssm, 4)
+    check_conv_requests(list(dst), list(c_start), list(c_count), slots, tokens)
+    check_ssd_captures(
+        list(chunk_src), list(row_src), list(dst), list(s_start), list(s_count),
+        (nchunks, len(extend_lens), slots), tokens, chunk,
+    )  # fmt: skip
+    return Geometry(dst, c_start, c_count, c_init, chunk_src, row_src, s_start, s_count)
 
 
-def _roll(entries: list[tuple[int, int, int, int]]) -> Roll:
+def _columns(entries: Sequence[tuple[int, ...]], width: int) -> list[tuple[int, ...]]:
     if not entries:
-        return Roll((), (), (), ())
-    src, dst, start, count = zip(*entries, strict=True)
-    return Roll(src, dst, start, count)
-
-
-def _lists(roll: Roll) -> tuple[list[int], list[int], list[int], list[int]]:
-    return list(roll.src), list(roll.dst), list(roll.start), list(roll.count)
+        return [()] * width
+    return [tuple(column) for column in zip(*entries, strict=True)]

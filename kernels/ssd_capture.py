@@ -1,0 +1,281 @@
+"""Mamba2 SSM states at exact positions of a packed prefill, on the tensor cores, from the scan.
+
+SGLang's chunked SSD scan computes, per chunk of ``chunk`` packed tokens, the processed step
+sizes ``dt`` and their decay cumsum ``cs_j = sum_{i <= j} dt_i * A`` (inclusive, restarting at
+every chunk), and the state entering every chunk. A capture whose tokens ``[s, s + n)`` lie in
+one chunk, starting from a state ``h0`` at ``s``, is then one masked matrix product per head::
+
+    h = exp(cs_end - cs_before) * h0 + X^T diag(w) B      w_t = exp(cs_end - cs_t) * dt_t
+
+with ``X`` the ``n x headdim`` inputs, ``B`` the ``n x dstate`` inputs of the head's group,
+``cs_end = cs_{s + n - 1}`` and ``cs_before = cs_{s - 1}`` (0 at a chunk start). ``h0`` is the
+scan's state entering the chunk (``s`` on a chunk boundary), the row's initial state (``s`` =
+the row's first token) or zero. Nothing is recomputed: ``dt`` and ``cs`` are the scan's own
+tensors, so the capture uses the exact step sizes the prefill used.
+
+One launch serves every capture of a layer: grid (capture, head, state tile). Accumulation is
+fp32; float32 operands go through the tensor cores as ``tf32x3`` by default (three TF32 products,
+close to fp32: the scan's own float32 dots use plain TF32), bf16/fp16 inputs are widened to
+float32 first so only the inputs' own rounding remains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import triton
+import triton.language as tl
+
+from jenga_sglang.kernels.checks import (
+    check_float,
+    check_range,
+    check_same_device,
+    check_shape,
+    check_unique,
+    index_list,
+    require,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+NO_STATE = -1
+"""``chunk_src`` / ``row_src`` value: not this source (both ``NO_STATE``: the zero state)."""
+
+PRECISIONS = ("tf32x3", "tf32", "ieee")
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
+    chunk_states,
+    row_states,
+    out,
+    chunk_src,
+    row_src,
+    dst_idx,
+    tok_start,
+    n_tok,
+    x,
+    b,
+    dt,
+    cs,
+    s_cs_c,
+    s_cs_h,
+    s_cs_p,
+    s_cs_n,
+    s_rs_r,
+    s_rs_h,
+    s_rs_p,
+    s_rs_n,
+    s_o_slot,
+    s_o_h,
+    s_o_p,
+    s_o_n,
+    s_x_t,
+    s_x_h,
+    s_x_p,
+    s_b_t,
+    s_b_g,
+    s_b_n,
+    s_dt_h,
+    s_dt_c,
+    s_dt_l,
+    s_cum_h,
+    s_cum_c,
+    s_cum_l,
+    chunk,
+    headdim,
+    dstate,
+    heads_per_group,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    cap = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    tiles_n = tl.cdiv(dstate, BLOCK_N)
+    offs_m = (tl.program_id(2) // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tl.program_id(2) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < headdim
+    mask_n = offs_n < dstate
+    tile = mask_m[:, None] & mask_n[None, :]
+
+    start = tl.load(tok_start + cap).to(tl.int64)
+    count = tl.load(n_tok + cap).to(tl.int64)
+    c = start // chunk  # every token of the capture lies in this chunk (launcher's contract)
+    first = start - c * chunk
+    last = first + count  # local positions [first, last)
+    dt_base = dt + head * s_dt_h + c * s_dt_c
+    cs_base = cs + head * s_cum_h + c * s_cum_c
+    cs_end = tl.load(cs_base + (last - 1) * s_cum_l, mask=last > 0, other=0.0).to(tl.float32)
+    cs_before = tl.load(cs_base + (first - 1) * s_cum_l, mask=first > 0, other=0.0)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    x_base = x + head * s_x_h + offs_m[:, None] * s_x_p
+    b_base = b + (head // heads_per_group) * s_b_g + offs_n[None, :] * s_b_n
+    for k0 in range(first, last, BLOCK_K):
+        local = k0 + offs_k
+        in_range = local < last
+        tok = c * chunk + local
+        x_mask = mask_m[:, None] & in_range[None, :]
+        xv = tl.load(x_base + tok[None, :] * s_x_t, mask=x_mask, other=0.0).to(tl.float32)
+        b_mask = in_range[:, None] & mask_n[None, :]
+        bv = tl.load(b_base + tok[:, None] * s_b_t, mask=b_mask, other=0.0).to(tl.float32)
+        cs_t = tl.load(cs_base + local * s_cum_l, mask=in_range, other=0.0).to(tl.float32)
+        dt_t = tl.load(dt_base + local * s_dt_l, mask=in_range, other=0.0).to(tl.float32)
+        w = tl.where(in_range, tl.exp(cs_end - cs_t) * dt_t, 0.0)
+        acc += tl.dot(xv, bv * w[:, None], input_precision=PRECISION)
+
+    # The start state: a chunk's (scan), a row's (initial states) or none; masked loads.
+    k_src = tl.load(chunk_src + cap).to(tl.int64)
+    r_src = tl.load(row_src + cap).to(tl.int64)
+    h_tile = offs_m[:, None] * s_cs_p + offs_n[None, :] * s_cs_n
+    h0 = tl.load(
+        chunk_states + tl.maximum(k_src, 0) * s_cs_c + head * s_cs_h + h_tile,
+        mask=tile & (k_src >= 0),
+        other=0.0,
+    ).to(tl.float32)
+    r_tile = offs_m[:, None] * s_rs_p + offs_n[None, :] * s_rs_n
+    h0 += tl.load(
+        row_states + tl.maximum(r_src, 0) * s_rs_r + head * s_rs_h + r_tile,
+        mask=tile & (r_src >= 0),
+        other=0.0,
+    ).to(tl.float32)
+    acc += h0 * tl.exp(cs_end - cs_before.to(tl.float32))
+
+    dst = tl.load(dst_idx + cap).to(tl.int64)
+    o_tile = offs_m[:, None] * s_o_p + offs_n[None, :] * s_o_n
+    tl.store(out + dst * s_o_slot + head * s_o_h + o_tile, acc.to(out.dtype.element_ty), mask=tile)
+
+
+@dataclass(frozen=True)
+class SsdCaptures:
+    """One launch's captures, one entry per capture (1-D int tensors of one length).
+
+    ``chunk_src[i]``: chunk whose entering state starts it, or ``NO_STATE``; ``row_src[i]``: row
+    whose initial state starts it, or ``NO_STATE`` (at most one of the two is set; neither: the
+    zero state); ``dst[i]``: slot of ``out`` (distinct); ``start[i]``, ``count[i]``: the packed
+    tokens ``[start, start + count)`` applied, inside one chunk.
+    """
+
+    chunk_src: torch.Tensor
+    row_src: torch.Tensor
+    dst: torch.Tensor
+    start: torch.Tensor
+    count: torch.Tensor
+
+
+def check_ssd_captures(
+    chunk_src: list[int],
+    row_src: list[int],
+    dst: list[int],
+    start: list[int],
+    count: list[int],
+    sizes: tuple[int, int, int],
+    tokens: int,
+    chunk: int,
+) -> None:
+    """Host-side checks of one launch's indices; ``sizes`` = (chunks, rows, out slots). A caller
+    that builds the indices on the host checks them here once and launches with
+    ``checked=True``, which spares the device-to-host copy of every launch."""
+    n = len(dst)
+    for name, values in (("chunk_src", chunk_src), ("row_src", row_src), ("start", start)):
+        require(len(values) == n, f"{name}: expected {n} entries, got {len(values)}")
+    require(len(count) == n, f"count: expected {n} entries, got {len(count)}")
+    check_range("chunk_src", chunk_src, 0, sizes[0], allow=(NO_STATE,))
+    check_range("row_src", row_src, 0, sizes[1], allow=(NO_STATE,))
+    check_range("dst", dst, 0, sizes[2])
+    check_unique("dst", dst)
+    for i, (k, r, s, c) in enumerate(zip(chunk_src, row_src, start, count, strict=True)):
+        require(k == NO_STATE or r == NO_STATE, f"capture {i}: both a chunk and a row source")
+        require(c >= 0 and s >= 0 and s + c <= tokens, f"capture {i}: tokens [{s}, {s + c})")
+        require(
+            c == 0 or s // chunk == (s + c - 1) // chunk,
+            f"capture {i}: tokens [{s}, {s + c}) cross a boundary of chunk {chunk}",
+        )
+        require(k == NO_STATE or s == k * chunk, f"capture {i}: chunk {k} state but start {s}")
+
+
+def _check_tensors(
+    chunk_states: torch.Tensor,
+    row_states: torch.Tensor | None,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    b: torch.Tensor,
+    dt: torch.Tensor,
+    cs: torch.Tensor,
+) -> None:
+    require(x.dim() == 3, f"x: expected (tokens, nheads, headdim), got shape {tuple(x.shape)}")
+    tokens, nheads, headdim = x.shape
+    require(b.dim() == 3 and b.shape[0] == tokens, f"B: expected ({tokens}, ngroups, dstate)")
+    ngroups, dstate = b.shape[1], b.shape[2]
+    require(ngroups > 0 and nheads % ngroups == 0, f"nheads={nheads} % ngroups={ngroups} != 0")
+    require(dt.dim() == 3 and dt.shape[0] == nheads, "dt: expected (nheads, chunks, chunk)")
+    check_shape("dA_cumsum", cs, tuple(dt.shape))
+    require(dt.shape[1] * dt.shape[2] >= tokens, "dt: fewer chunk positions than tokens")
+    tensors = {"chunk_states": chunk_states, "out": out, "x": x, "B": b, "dt": dt, "cs": cs}
+    if row_states is not None:
+        tensors["row_states"] = row_states
+    for name, s in tensors.items():
+        if name in ("chunk_states", "row_states", "out"):
+            require(s.dim() == 4, f"{name}: expected (n, nheads, headdim, dstate)")
+            check_shape(name, s[0:0], (0, nheads, headdim, dstate))
+        check_float(name, s)
+    check_same_device(tensors)
+
+
+def capture_ssd_states(
+    chunk_states: torch.Tensor,
+    row_states: torch.Tensor | None,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    b: torch.Tensor,
+    dt: torch.Tensor,
+    cs: torch.Tensor,
+    caps: SsdCaptures,
+    *,
+    checked: bool = False,
+    precision: str = "tf32x3",
+) -> None:
+    """Write each capture's SSM state into ``out[caps.dst[i]]`` (one launch).
+
+    Shapes (``T`` packed tokens, ``H`` heads, ``P`` head dim, ``N`` d_state, ``G`` groups,
+    ``C`` chunks of ``L`` tokens, as the scan made them): ``chunk_states`` (C, H, P, N), the
+    state entering each chunk; ``row_states`` (rows, H, P, N) or None; ``out`` (slots, H, P, N),
+    any strides (a pool view); ``x`` (T, H, P); ``b`` (T, G, N); ``dt`` and ``cs`` (H, C, L):
+    the scan's processed step sizes and their per-chunk inclusive cumsum times ``A``. Raises
+    ``ValueError`` before launching on any inconsistency; ``checked=True``: the caller
+    validated the index values with ``check_ssd_captures`` (shapes are still checked).
+    """
+    require(precision in PRECISIONS, f"precision {precision!r} is not one of {PRECISIONS}")
+    _check_tensors(chunk_states, row_states, out, x, b, dt, cs)
+    n = caps.dst.numel()
+    chunk = dt.shape[2]
+    if not checked:
+        names = ("chunk_src", "row_src", "dst", "start", "count")
+        k_src, r_src, dst, start, count = (index_list(k, getattr(caps, k), n) for k in names)
+        rows = row_states.shape[0] if row_states is not None else 0
+        sizes = (chunk_states.shape[0], rows, out.shape[0])
+        check_ssd_captures(k_src, r_src, dst, start, count, sizes, x.shape[0], chunk)
+        if out.untyped_storage().data_ptr() == chunk_states.untyped_storage().data_ptr():
+            raise ValueError("out shares storage with chunk_states")
+    if n == 0:
+        return
+    _, nheads, headdim = x.shape
+    dstate = b.shape[2]
+    block_m = max(16, min(64, triton.next_power_of_2(headdim)))
+    block_n = max(16, min(64, triton.next_power_of_2(dstate)))
+    tiles = triton.cdiv(headdim, block_m) * triton.cdiv(dstate, block_n)
+    rows_t = row_states if row_states is not None else chunk_states
+    _ssd_capture_kernel[(n, nheads, tiles)](
+        chunk_states, rows_t, out,
+        caps.chunk_src, caps.row_src, caps.dst, caps.start, caps.count,
+        x, b, dt, cs,
+        *chunk_states.stride(), *rows_t.stride(), *out.stride(),
+        *x.stride(), *b.stride(), *dt.stride(), *cs.stride(),
+        chunk, headdim, dstate, nheads // b.shape[1],
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32, PRECISION=precision,
+    )  # fmt: skip
