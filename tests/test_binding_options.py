@@ -15,7 +15,9 @@ from jenga_sglang.binding.options import (
     JengaOptions,
     add_jenga_args,
     check_conflicts,
+    check_pool_attention,
     options_from_namespace,
+    pool_attention_default,
 )
 from jenga_sglang.models import preset_config
 from jenga_sglang.policies.branching import GHOST_TOKENS
@@ -33,6 +35,13 @@ def _parse(*argv: str) -> argparse.Namespace:
     parser.add_argument("--enable-unified-memory", action="store_true")
     parser.add_argument("--mamba-full-memory-ratio", type=float, default=None)
     parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument("--device", default=None)
+    for flag in (
+        "--attention-backend",
+        "--prefill-attention-backend",
+        "--decode-attention-backend",
+    ):
+        parser.add_argument(flag, default=None)
     add_jenga_args(parser)
     add_jenga_args(parser)  # idempotent
     return parser.parse_args(list(argv))
@@ -97,6 +106,28 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
             ("--enable-jenga", "--mamba-full-memory-ratio", "0.5"),
             "--jenga-pool .* --mamba-full-memory-ratio",
         ),
+        (
+            ("--enable-jenga", "--attention-backend", "fa3"),
+            "--jenga-pool .* --attention-backend fa3",
+        ),
+        (
+            ("--enable-jenga", "--prefill-attention-backend", "flashinfer"),
+            "--jenga-pool .* --prefill-attention-backend flashinfer",
+        ),
+        (
+            (
+                "--enable-jenga",
+                "--attention-backend",
+                "triton",
+                "--decode-attention-backend",
+                "fa4",
+            ),
+            "--jenga-pool .* --decode-attention-backend fa4",
+        ),
+        (
+            ("--enable-jenga", "--attention-backend", "trtllm_mha"),
+            "pass --attention-backend triton .* or --no-jenga-pool",
+        ),
     ],
 )
 def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
@@ -113,6 +144,90 @@ def test_without_the_pool_sglang_memory_flags_are_no_conflict() -> None:
     check_conflicts(ns)
     assert options_from_namespace(ns).pool is False
     assert options_from_namespace(_parse("--enable-jenga")).pool  # on by default
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--enable-jenga", "--attention-backend", "triton"),
+        ("--enable-jenga", "--attention-backend", "torch_native"),
+        ("--enable-jenga", "--prefill-attention-backend", "triton"),
+        ("--enable-jenga", "--no-jenga-pool", "--attention-backend", "fa3"),  # SGLang's pools
+        ("--attention-backend", "flashinfer"),  # stock SGLang
+    ],
+)
+def test_attention_backends_the_pool_serves_or_does_not_use_are_no_conflict(
+    argv: tuple[str, ...],
+) -> None:
+    check_conflicts(_parse(*argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "cuda", "chosen"),
+    [
+        (("--enable-jenga",), True, "triton"),  # SGLang would pick fa3 / flashinfer / trtllm_mha
+        (("--enable-jenga", "--device", "cuda"), False, "triton"),
+        (("--enable-jenga", "--decode-attention-backend", "triton"), True, "triton"),  # prefill
+        (("--enable-jenga",), False, None),  # CPU: SGLang's torch_native (or intel_amx) stays
+        (("--enable-jenga", "--device", "cpu"), True, None),
+        (("--enable-jenga", "--attention-backend", "torch_native"), True, None),  # named
+        (
+            ("--enable-jenga", "--prefill-attention-backend", "triton"),
+            True,
+            "triton",
+        ),
+        (
+            (
+                "--enable-jenga",
+                "--prefill-attention-backend",
+                "triton",
+                "--decode-attention-backend",
+                "torch_native",
+            ),
+            True,
+            None,
+        ),
+        (("--enable-jenga", "--no-jenga-pool"), True, None),
+        ((), True, None),
+    ],
+)
+def test_the_pool_picks_triton_where_sglang_would_pick_an_unchecked_gpu_backend(
+    argv: tuple[str, ...], cuda: bool, chosen: str | None
+) -> None:
+    assert pool_attention_default(_parse(*argv), cuda_available=cuda) == chosen
+
+
+def test_the_plugin_sets_the_pool_default_before_sglang_resolves(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jenga_sglang.binding import plugin
+
+    for cuda, want in ((False, None), (True, "triton")):
+        monkeypatch.setattr(plugin, "_cuda_available", lambda cuda=cuda: cuda)
+        ns = _parse("--enable-jenga")
+        plugin._before_from_cli_args(None, ns)
+        assert ns.attention_backend == want and ns.radix_cache_backend == "jenga"
+    assert "--jenga-pool serves --attention-backend triton" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "named"),
+    [
+        ("fa3", "fa3", "--attention-backend fa3"),
+        ("triton", "flashinfer", "--decode-attention-backend flashinfer"),
+        ("trtllm_mha", "triton", "--prefill-attention-backend trtllm_mha"),
+        ("intel_amx", "intel_amx", "--attention-backend intel_amx"),
+    ],
+)
+def test_a_backend_sglang_resolved_for_the_pool_is_refused_unless_served(
+    prefill: str, decode: str, named: str
+) -> None:
+    """The scheduler's check on SGLang's resolved pair (its defaults and model overrides
+    included): nothing reaches a kernel that is not checked on the pool's views."""
+    with pytest.raises(JengaFlagError, match=f"--jenga-pool .* {named}"):
+        check_pool_attention(prefill, decode)
+    check_pool_attention("triton", "triton")
+    check_pool_attention("torch_native", "triton")
 
 
 def _model_config(config: dict[str, object]) -> SimpleNamespace:

@@ -45,7 +45,8 @@ _PROBE = textwrap.dedent(
         print("CHILD", queue.get(timeout=120))
         child.join()
         for argv in (["--enable-jenga", "--disable-radix-cache"],
-                     ["--enable-jenga", "--radix-cache-backend", "jenga"]):
+                     ["--enable-jenga", "--radix-cache-backend", "jenga"],
+                     ["--enable-jenga", "--attention-backend", "fa3"]):
             try:
                 prepare_server_args(["--model-path", "dummy", *argv])
                 print("OK", argv)
@@ -91,3 +92,6 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     ) in text
     assert "ERROR --enable-jenga conflicts with --disable-radix-cache" in text
     assert "OK ['--enable-jenga', '--radix-cache-backend', 'jenga']" in text
+    assert (
+        "ERROR --jenga-pool (on with --enable-jenga) conflicts with --attention-backend fa3" in text
+    )

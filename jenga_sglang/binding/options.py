@@ -8,6 +8,12 @@ attribute (`JENGA_ATTR`), which `ServerArgs.__reduce__` pickles into every sched
 The policy flags produce one `PolicyRecord` (policies/registry.py): `--jenga-policy` names the
 bundle it starts from (default `jenga`), and `--jenga-admission`, `--jenga-eviction`,
 `--jenga-alpha`, `--[no-]jenga-prompt-end` and `--jenga-ghost-tokens` override its fields.
+
+The Jenga pool hands SGLang's attention kernels per-layer KV views whose row stride is a whole
+KV page, or one token of every layer (pool/layout.py), so it serves only the attention backends
+checked to read such views (`POOL_ATTENTION_BACKENDS`); with no backend named on a GPU it picks
+Triton (`pool_attention_default`), and any other backend, named or resolved by SGLang, fails at
+start-up naming it (`check_conflicts`, `check_pool_attention`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,25 @@ _POOL_CONFLICTS: tuple[tuple[str, str, object], ...] = (
     ("enable_page_major_kv_layout", "--enable-page-major-kv-layout", False),
     ("speculative_algorithm", "--speculative-algorithm", None),
 )
+
+
+# SGLang's attention flags, as (prefill, decode) resolve them: a split flag wins over the base.
+_ATTENTION_FLAGS: tuple[tuple[str, str], ...] = (
+    ("attention_backend", "--attention-backend"),
+    ("prefill_attention_backend", "--prefill-attention-backend"),
+    ("decode_attention_backend", "--decode-attention-backend"),
+)
+
+#: Attention backends that read the Jenga pool's strided KV views right: Triton's extend,
+#: deterministic-extend and decode kernels, bit for bit against contiguous buffers under the
+#: interpreter (tests/test_attention_views.py), and torch_native, which reads them by torch
+#: indexing (the CPU servers of tests/test_e2e_server.py). fa3, flashinfer, trtllm_mha and the
+#: others are not checked on these views (docs/sglang.md "The Jenga pool behind SGLang's pools").
+POOL_ATTENTION_BACKENDS = ("triton", "torch_native")
+
+#: What the pool runs when no attention backend is named on a GPU, where SGLang would pick one
+#: it does not serve (fa3 on Hopper, trtllm_mha on Blackwell, flashinfer elsewhere).
+POOL_DEFAULT_ATTENTION = "triton"
 
 
 class JengaFlagError(ValueError):
@@ -172,8 +197,9 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Hold KV and Mamba states in one Jenga pool (one buffer, pages carved per type on "
-        "demand) instead of SGLang's static split (default: on). Needs --page-size 1; "
-        "conflicts with --enable-unified-memory and --mamba-full-memory-ratio.",
+        "demand) instead of SGLang's static split (default: on). Serves the triton and "
+        "torch_native attention backends (triton on a GPU when none is named); conflicts with "
+        "--enable-unified-memory and --mamba-full-memory-ratio.",
     )
     group.add_argument(
         "--jenga-prompt-end",
@@ -237,6 +263,49 @@ def check_conflicts(args: argparse.Namespace) -> None:
     for attr, flag, default in _POOL_CONFLICTS:
         if getattr(args, attr, default) not in (default, None):
             raise JengaFlagError(f"--jenga-pool (on with --enable-jenga) conflicts with {flag}")
+    for attr, flag in _ATTENTION_FLAGS:
+        backend = getattr(args, attr, None)
+        if backend is not None and backend not in POOL_ATTENTION_BACKENDS:
+            raise JengaFlagError(_unserved(f"conflicts with {flag} {backend}", flag))
+
+
+def _unserved(what: str, flag: str) -> str:
+    served = " and ".join(POOL_ATTENTION_BACKENDS)
+    return (
+        f"--jenga-pool (on with --enable-jenga) {what}: of SGLang's attention backends only "
+        f"{served} are checked to read the pool's strided KV views; pass {flag} "
+        f"{POOL_DEFAULT_ATTENTION} (torch_native on CPU), or --no-jenga-pool to keep SGLang's "
+        "pools"
+    )
+
+
+def pool_attention_default(args: argparse.Namespace, cuda_available: bool) -> str | None:
+    """The attention backend to set when the Jenga pool is on, a GPU serves (`--device cuda`,
+    or no device and CUDA available) and a prefill or decode backend is left to SGLang, which
+    would pick one the pool does not serve; None otherwise (SGLang's CPU choice, torch_native
+    without AMX, stays)."""
+    named = {attr: getattr(args, attr, None) for attr, _ in _ATTENTION_FLAGS}
+    if (
+        not getattr(args, "enable_jenga", False)
+        or getattr(args, "jenga_pool", None) is False
+        or named["attention_backend"] is not None
+        or None not in (named["prefill_attention_backend"], named["decode_attention_backend"])
+    ):
+        return None
+    device = getattr(args, "device", None)
+    on_gpu = device == "cuda" or (device is None and cuda_available)
+    return POOL_DEFAULT_ATTENTION if on_gpu else None
+
+
+def check_pool_attention(prefill: str | None, decode: str | None) -> None:
+    """Raise JengaFlagError naming the flag when a backend SGLang resolved for the Jenga pool
+    (after its defaults and model overrides) is not one that reads the pool's views right."""
+    sides = {"--prefill-attention-backend": prefill, "--decode-attention-backend": decode}
+    if prefill == decode:
+        sides = {"--attention-backend": prefill}
+    for flag, backend in sides.items():
+        if backend is not None and backend not in POOL_ATTENTION_BACKENDS:
+            raise JengaFlagError(_unserved(f"does not serve {flag} {backend}", flag))
 
 
 def options_from_namespace(args: argparse.Namespace) -> JengaOptions:

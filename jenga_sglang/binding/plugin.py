@@ -4,13 +4,16 @@ SGLang calls `register()` in launch_server before it parses arguments and again 
 scheduler process. It registers, through SGLang's own HookRegistry:
 
 * AFTER `ServerArgs.add_cli_args`: our flags join SGLang's parser (so `--help` lists them);
-* BEFORE `ServerArgs.from_cli_args`: conflicts fail with a message naming the flags, and
-  `--enable-jenga` selects `--radix-cache-backend jenga` in the namespace SGLang reads;
+* BEFORE `ServerArgs.from_cli_args`: conflicts fail with a message naming the flags (an
+  attention backend the Jenga pool does not serve among them), `--enable-jenga` selects
+  `--radix-cache-backend jenga` in the namespace SGLang reads, and with the pool on a GPU and
+  no attention backend named, `--attention-backend triton` (binding/options.py says why);
 * AFTER `ServerArgs.from_cli_args`: our options ride on the record as a bookkeeping attribute,
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
-* on the batch, forward batch, Mamba2 backend, mixer and its two kernels: the prefill pass
-  writes every planned SSM checkpoint into a slot allocated when the batch was built
-  (binding/capture_forward.py, binding/captures.py);
+* on the batch, forward batch, the Mamba2 and Gated DeltaNet backends, their layers and
+  chunked kernels: the prefill pass writes every planned SSM checkpoint into a slot allocated
+  when the batch was built (binding/capture_forward.py, capture_mamba2.py, capture_gdn.py,
+  captures.py);
 * AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: for models whose state layers the
   in-pass capture does not cover, a prefill chunk ends exactly at its planned branch point
   instead (binding/prefill_cut.py);
@@ -33,6 +36,7 @@ snapshot path there (binding/cpu_snapshots.py); elsewhere it changes nothing of 
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from jenga_sglang.binding.options import (
@@ -41,9 +45,11 @@ from jenga_sglang.binding.options import (
     add_jenga_args,
     check_conflicts,
     options_from_namespace,
+    pool_attention_default,
 )
 
 _SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+logger = logging.getLogger(__name__)
 
 
 def _after_add_cli_args(result: Any, parser: argparse.ArgumentParser, *a: Any, **k: Any) -> None:
@@ -54,6 +60,23 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
     check_conflicts(args)
     if getattr(args, "enable_jenga", False):
         args.radix_cache_backend = BACKEND_NAME
+    backend = pool_attention_default(args, _cuda_available())
+    if backend is not None:
+        args.attention_backend = backend
+        # A warning: logging is not configured yet in launch_server, and the choice changes
+        # SGLang's default kernels (fa3 / flashinfer / trtllm_mha would be picked here).
+        logger.warning(
+            "jenga: --jenga-pool serves --attention-backend %s (none named for prefill or decode); "
+            "SGLang's GPU defaults are not checked on the pool's strided KV views. Pass "
+            "--no-jenga-pool to use them.",
+            backend,
+        )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _after_from_cli_args(result: Any, cls: Any, args: argparse.Namespace) -> None:
@@ -70,6 +93,8 @@ def register() -> None:
 
     from jenga_sglang.binding import (
         capture_forward,
+        capture_gdn,
+        capture_mamba2,
         cpu_snapshots,
         pool_hook,
         prefill_cut,
@@ -97,7 +122,8 @@ def register() -> None:
         f"{configurator}._init_pools", pool_hook.around_init_pools, HookType.AROUND
     )
     HookRegistry.register(f"{configurator}.configure", pool_hook.after_configure, HookType.AFTER)
-    capture_forward.register(HookRegistry, HookType)
+    for captures in (capture_forward, capture_mamba2, capture_gdn):
+        captures.register(HookRegistry, HookType)
     usage.register(HookRegistry, HookType)
     vocab_check.register(HookRegistry, HookType)
     cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only

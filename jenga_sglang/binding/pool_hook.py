@@ -23,7 +23,7 @@ from typing import Any
 from jenga_sglang.binding import swa_pool_hook
 from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
 from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
-from jenga_sglang.binding.options import pool_wanted
+from jenga_sglang.binding.options import check_pool_attention, pool_wanted
 from jenga_sglang.binding.pool_build import (
     KVShape,
     PoolBuildError,
@@ -107,8 +107,9 @@ def after_configure(result: Any, configurator: Any, *a: Any, **k: Any) -> Any:
 
 
 def _check_supported(configurator: Any) -> None:
-    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.runtime_context import attention_backends, get_exec, get_spec
 
+    check_pool_attention(*attention_backends())  # SGLang's resolved (prefill, decode) pair
     problems = []
     if configurator.is_hybrid_swa or configurator.use_mla_backend:
         problems.append("sliding-window or MLA attention")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from jenga_sglang.binding.options import pool_wanted
+from jenga_sglang.binding.options import check_pool_attention, pool_wanted
 from jenga_sglang.binding.pool_build import (
     JengaSWAPools,
     KVShape,
@@ -35,8 +35,9 @@ def wanted(configurator: Any, req_to_token_pool: Any) -> bool:
 
 
 def _check_supported(configurator: Any) -> None:
-    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.runtime_context import attention_backends, get_spec
 
+    check_pool_attention(*attention_backends())  # SGLang's resolved (prefill, decode) pair
     problems = []
     if get_spec().speculative_algorithm is not None:
         problems.append("speculative decoding")
