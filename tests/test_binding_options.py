@@ -167,6 +167,8 @@ def test_attention_backends_the_pool_serves_or_does_not_use_are_no_conflict(
     [
         (("--enable-jenga",), True, "triton"),  # SGLang would pick fa3 / flashinfer / trtllm_mha
         (("--enable-jenga", "--device", "cuda"), False, "triton"),
+        (("--enable-jenga", "--device", "cuda:1"), True, "triton"),
+        (("--enable-jenga", "--device", "xpu"), True, None),  # SGLang's pick, checked at build
         (("--enable-jenga", "--decode-attention-backend", "triton"), True, "triton"),  # prefill
         (("--enable-jenga",), False, None),  # CPU: SGLang's torch_native (or intel_amx) stays
         (("--enable-jenga", "--device", "cpu"), True, None),

@@ -293,7 +293,7 @@ def pool_attention_default(args: argparse.Namespace, cuda_available: bool) -> st
     ):
         return None
     device = getattr(args, "device", None)
-    on_gpu = device == "cuda" or (device is None and cuda_available)
+    on_gpu = str(device).startswith("cuda") or (device is None and cuda_available)
     return POOL_DEFAULT_ATTENTION if on_gpu else None
 
 
