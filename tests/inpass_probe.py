@@ -2,8 +2,9 @@
 
 Run as a subprocess by tests/test_inpass_capture.py (SGLang's runtime context, process groups
 and hooks are process-global): ``python -m tests.inpass_probe --model DIR --strategy S``.
-It builds SGLang's ModelRunner for the tiny NemotronH in-process (as SGLang's own one-batch
-benchmark does), our `JengaRadixCache` over its pools with in-pass capture on, and serves real
+It builds SGLang's ModelRunner for a tiny model in-process (NemotronH: Mamba2 layers; Qwen3.5:
+Gated DeltaNet layers; as SGLang's own one-batch benchmark does), our `JengaRadixCache` over its
+pools with in-pass capture on, and serves real
 `Req`s the way the scheduler does: `init_next_round_input` (match), `ScheduleBatch.init_new` +
 `prepare_for_extend` (our hook allocates the capture slots), `ForwardBatch.init_new` +
 `ModelRunner.forward` (our hooks write the captures), `checkpoint_kv_cache` /
@@ -298,7 +299,23 @@ def tokens(n: int, seed: int) -> list[int]:
     return [int(t) for t in torch.randint(10, 500, (n,), generator=g)]
 
 
-def scenarios(probe: Probe) -> list[dict[str, Any]]:
+#: Captured positions per scenario: p below the conv width (4), around chunk boundaries (64,
+#: Mamba2's packed and Gated DeltaNet's per row), row ends. LEAN keeps one of each kind.
+FULL: dict[str, list[list[int]]] = {
+    "single": [[1, 2, 3, 4, 63, 64, 65, 127, 128, 129, 200]],
+    "batch": [[2, 49], [10, 14, 78, 90], [3, 60, 116, 130]],
+    "resumed": [[101, 102, 103, 104, 150, 164, 190]],
+    "chunked": [[60, 128, 130, 200, 256, 290]],
+}
+LEAN: dict[str, list[list[int]]] = {
+    "single": [[1, 3, 63, 64, 65, 200]],
+    "batch": [[49], [14, 90], [3, 130]],
+    "resumed": [[101, 164, 190]],
+    "chunked": [[60, 128, 200]],
+}
+
+
+def scenarios(probe: Probe, positions: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
     """Each scenario's captures against prefix-alone references (module doc)."""
     out: list[dict[str, Any]] = []
 
@@ -306,15 +323,15 @@ def scenarios(probe: Probe) -> list[dict[str, Any]]:
         refs = extra.pop("refs", None)
         out.append({"scenario": name, "rows": probe.compare(ids, positions, refs), **extra})
 
-    # One request from scratch: p below the conv width, around scan-chunk boundaries (64).
+    # One request from scratch.
     single = tokens(200, 1)
-    ps = [1, 2, 3, 4, 63, 64, 65, 127, 128, 129, 200]
+    ps = positions["single"][0]
     probe.prefill([probe.admit(single, tuple(ps))])
     record("single", single, ps)
 
     # Three requests in one forward: rows start mid-chunk (packed at 0, 50, 140).
     rows = [tokens(50, 2), tokens(90, 3), tokens(130, 4)]
-    plans = [[2, 49], [10, 14, 78, 90], [3, 60, 116, 130]]
+    plans = positions["batch"]
     reqs = [probe.admit(ids, tuple(ps)) for ids, ps in zip(rows, plans, strict=True)]
     probe.prefill(reqs)
     for i, (ids, ps) in enumerate(zip(rows, plans, strict=True)):
@@ -324,7 +341,7 @@ def scenarios(probe: Probe) -> list[dict[str, Any]]:
     base = tokens(100, 5)
     probe.prefill([probe.admit(base)])
     resumed = base + tokens(90, 6)
-    ps = [101, 102, 103, 104, 150, 164, 190]
+    ps = positions["resumed"][0]
     refs = {p: probe.reference(resumed[:p], resume=True) for p in ps}
     req = probe.admit(resumed, tuple(ps))
     hit = int(req.prefix_len)
@@ -333,7 +350,7 @@ def scenarios(probe: Probe) -> list[dict[str, Any]]:
 
     # Chunked prefill: 128 tokens per forward; captures in the first, second, third chunk.
     chunked = tokens(300, 7)
-    ps = [60, 128, 130, 200, 256, 290]
+    ps = positions["chunked"][0]
     refs = {p: probe.reference(chunked[:p], chunk=128) for p in ps}
     probe.prefill([probe.admit(chunked, tuple(ps))], chunk=128)
     record("chunked", chunked, ps, refs=refs)
@@ -377,11 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--strategy", default="no_buffer")
+    parser.add_argument(
+        "--lean", action="store_true", help="fewer positions (a Gated DeltaNet prefill under the "
+        "interpreter costs several times a Mamba2 one)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     runner, _ = build_runner(args.model, args.strategy)
     probe = Probe(runner, args.strategy)
     gathers = GatherCheck()
-    for row in scenarios(probe):
+    for row in scenarios(probe, LEAN if args.lean else FULL):
         print(json.dumps(row), flush=True)
     print(json.dumps({"scenario": "logits", "unchanged": logits_unchanged(probe)}), flush=True)
     snap = probe.cache.snapshot()

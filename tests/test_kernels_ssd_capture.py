@@ -17,7 +17,7 @@ import pytest
 import torch
 import triton_cpu  # noqa: F401  (interpreter patches before the kernels import triton)
 
-from jenga_sglang.binding.capture_geometry import Geometry, plan_geometry
+from jenga_sglang.binding.capture_geometry import Geometry, plan_mamba2
 from jenga_sglang.binding.captures import Capture
 from jenga_sglang.kernels.ssd_capture import NO_STATE, SsdCaptures, capture_ssd_states
 
@@ -136,7 +136,7 @@ def launch(geo: Geometry, dtype: torch.dtype, out: torch.Tensor, **kw: Any) -> N
 
 def captured(dtype: torch.dtype) -> tuple[tuple[Capture, ...], torch.Tensor]:
     caps = every_position()
-    geo = plan_geometry(caps, list(PREFIX), list(ROWS), CHUNK, len(caps))
+    geo = plan_mamba2(caps, list(PREFIX), list(ROWS), CHUNK, len(caps))
     assert geo.reads_row_states and set(geo.chunk_src) != {NO_STATE}
     out = strided_pool(len(caps))
     launch(geo, dtype, out)
@@ -188,7 +188,7 @@ def test_bf16_activations_only_leave_fp32_rounding() -> None:
 
 def test_other_slots_and_bf16_slots() -> None:
     caps = (Capture(1, 7, 2), Capture(2, 13, 0))
-    geo = plan_geometry(caps, list(PREFIX), list(ROWS), CHUNK, 3)
+    geo = plan_mamba2(caps, list(PREFIX), list(ROWS), CHUNK, 3)
     out = torch.zeros(3, H, P, N, dtype=torch.bfloat16)
     launch(geo, torch.float32, out, precision="tf32")
     batch = make_batch(torch.float32)

@@ -1,23 +1,28 @@
 """Where, in one packed prefill, each in-pass capture reads its inputs (host side, per forward).
 
-SGLang's Mamba2 mixer runs the prefill rows of a batch back to back ("packed"): row i's chunk
-occupies tokens [q_i, q_i + len_i) of the packed sequence, its state before the chunk is the
-request's live slot (`prefix_len_i > 0`) or zero. A capture of row i after `o` of its chunk's
-tokens (flat position f = q_i + o) needs:
+SGLang runs the prefill rows of a batch back to back ("packed"): row i's chunk occupies tokens
+[q_i, q_i + len_i) of the packed sequence, its state before the chunk is the request's live
+slot (`prefix_len_i > 0`) or zero. A capture of row i after `o` of its chunk's tokens (flat
+position f = q_i + o) needs:
 
-* conv: the last K-1 conv inputs before f. The kernel (kernels/conv_gather.py) reads them from
-  the packed inputs [q_i, f) and, for the ones before q_i, from the live slot's conv state;
-* SSM: the scan materialises the state entering every chunk of `chunk` packed tokens (its
-  `states[k]`, at flat position k*chunk). Take the last boundary b = k*chunk with q_i < b <= f
-  (a boundary inside the row, so the state is this row's) and apply the r = f - b <= chunk
-  tokens after it (kernels/ssd_capture.py); with no such boundary, start from the row's own
-  start state and apply its o tokens (they lie in one chunk then, since the next boundary
-  after q_i lies past f). A boundary at exactly q_i is not used: the state entering that chunk
-  is the row's start state, which the second case reads directly.
+* conv (both layer kinds): the last K-1 conv inputs before f. The kernel
+  (kernels/conv_gather.py) reads them from the packed inputs [q_i, f) and, for the ones before
+  q_i, from the live slot's conv state;
+* Mamba2 SSM state (`plan_mamba2`): the scan materialises the state entering every chunk of
+  `chunk` *packed* tokens (its `states[k]`, at flat position k*chunk). Take the last boundary
+  b = k*chunk with q_i < b <= f (a boundary inside the row, so the state is this row's) and
+  apply the r = f - b <= chunk tokens after it (kernels/ssd_capture.py); with no such boundary,
+  start from the row's own start state and apply its o tokens (they lie in one chunk then,
+  since the next boundary after q_i lies past f). A boundary at exactly q_i is not used: the
+  state entering that chunk is the row's start state, which the second case reads directly;
+* Gated DeltaNet state (`plan_gdn`): FLA cuts every *row* into chunks of 64 from its start and
+  keeps the state entering each (`h`, row i's chunks after those of the rows before it, the
+  first one being the row's start state). Take chunk c = min(o // 64, last chunk of the row)
+  and apply the o - 64c <= 64 tokens after its start (kernels/gdn_capture.py).
 
-Every capture's tokens lie inside one scan chunk, which is what lets the kernel reuse the
-scan's own per-chunk decay cumsum. All indices are checked here on the host, so the per-layer
-launches need no device sync.
+Either way every capture's tokens lie inside one chunk, which is what lets the kernels reuse
+the forward's own per-chunk decay cumsum. All indices are checked here on the host, so the
+per-layer launches need no device sync.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 from jenga_sglang.binding.captures import Capture
 from jenga_sglang.kernels.conv_gather import NO_INIT, check_conv_requests
+from jenga_sglang.kernels.gdn_capture import GDN_CHUNK, check_gdn_captures
 from jenga_sglang.kernels.ssd_capture import NO_STATE, check_ssd_captures
 
 
@@ -39,8 +45,8 @@ class Geometry:
     conv_start: tuple[int, ...]  # q_i
     conv_count: tuple[int, ...]  # o
     conv_init_row: tuple[int, ...]  # row whose live slot holds older inputs, or NO_INIT
-    chunk_src: tuple[int, ...]  # k: the scan's state entering chunk k, or NO_STATE
-    row_src: tuple[int, ...]  # row whose start state starts it, or NO_STATE
+    chunk_src: tuple[int, ...]  # the chunk state it starts from, or NO_STATE (Mamba2 only)
+    row_src: tuple[int, ...]  # Mamba2: row whose start state starts it, or NO_STATE
     ssm_start: tuple[int, ...]  # first packed token applied
     ssm_count: tuple[int, ...]  # tokens applied
 
@@ -50,43 +56,103 @@ class Geometry:
         return any(r != NO_STATE for r in self.row_src)
 
 
-def plan_geometry(
+@dataclass(frozen=True)
+class _Rows:
+    """The packed rows of one prefill."""
+
+    prefix_lens: Sequence[int]
+    extend_lens: Sequence[int]
+
+    @property
+    def starts(self) -> list[int]:
+        out = [0]
+        for n in self.extend_lens:
+            out.append(out[-1] + n)
+        return out
+
+    def check(self, cap: Capture) -> None:
+        if not (
+            0 <= cap.row < len(self.extend_lens) and 1 <= cap.offset <= self.extend_lens[cap.row]
+        ):
+            raise ValueError(f"capture {cap} outside its row ({len(self.extend_lens)} rows)")
+
+
+def plan_mamba2(
     captures: tuple[Capture, ...],
-    prefix_lens: list[int],
-    extend_lens: list[int],
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
     chunk: int,
     slots: int,
 ) -> Geometry:
-    """Index lists for `captures` of a packed prefill with these rows (module doc).
+    """Index lists for `captures` of a packed Mamba2 prefill with these rows (module doc).
 
     `slots` is the size of the Mamba pool's first dimension (destinations must lie in it).
     Raises ValueError on an inconsistent capture (a bug upstream), before any launch.
     """
-    starts = [0]
-    for n in extend_lens:
-        starts.append(starts[-1] + n)
-    tokens = starts[-1]
-    nchunks = -(-tokens // chunk)
-    conv: list[tuple[int, int, int, int]] = []  # (dst, start, count, init row)
+    rows = _Rows(prefix_lens, extend_lens)
+    starts = rows.starts
+    nchunks = -(-starts[-1] // chunk)
     ssm: list[tuple[int, int, int, int]] = []  # (chunk src, row src, start, count)
     for cap in captures:
-        if not (0 <= cap.row < len(extend_lens) and 1 <= cap.offset <= extend_lens[cap.row]):
-            raise ValueError(f"capture {cap} outside its row ({len(extend_lens)} rows)")
+        rows.check(cap)
         q, f = starts[cap.row], starts[cap.row] + cap.offset
-        own = cap.row if prefix_lens[cap.row] > 0 else NO_STATE
-        conv.append((cap.slot, q, cap.offset, own if own != NO_STATE else NO_INIT))
         k = min(f // chunk, nchunks - 1)
         if k * chunk > q:
             ssm.append((k, NO_STATE, k * chunk, f - k * chunk))
         else:
+            own = cap.row if prefix_lens[cap.row] > 0 else NO_STATE
             ssm.append((NO_STATE, own, q, cap.offset))
-    dst, c_start, c_count, c_init = _columns(conv, 4)
-    chunk_src, row_src, s_start, s_count = _columns(ssm, 4)
-    check_conv_requests(list(dst), list(c_start), list(c_count), slots, tokens)
+    geo = _with_conv(captures, rows, ssm, slots)
     check_ssd_captures(
-        list(chunk_src), list(row_src), list(dst), list(s_start), list(s_count),
-        (nchunks, len(extend_lens), slots), tokens, chunk,
+        list(geo.chunk_src), list(geo.row_src), list(geo.dst), list(geo.ssm_start),
+        list(geo.ssm_count), (nchunks, len(extend_lens), slots), starts[-1], chunk,
     )  # fmt: skip
+    return geo
+
+
+def plan_gdn(
+    captures: tuple[Capture, ...],
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    slots: int,
+) -> Geometry:
+    """Index lists for `captures` of a packed Gated DeltaNet prefill (module doc); raises
+    ValueError on an inconsistent capture, before any launch."""
+    rows = _Rows(prefix_lens, extend_lens)
+    starts = rows.starts
+    chunks = [-(-n // GDN_CHUNK) for n in extend_lens]
+    first = [0]
+    for n in chunks:
+        first.append(first[-1] + n)
+    ssm: list[tuple[int, int, int, int]] = []
+    for cap in captures:
+        rows.check(cap)
+        c = min(cap.offset // GDN_CHUNK, chunks[cap.row] - 1)
+        start = starts[cap.row] + c * GDN_CHUNK
+        ssm.append((first[cap.row] + c, NO_STATE, start, cap.offset - c * GDN_CHUNK))
+    geo = _with_conv(captures, rows, ssm, slots)
+    check_gdn_captures(
+        list(geo.chunk_src), list(geo.dst), list(geo.ssm_start), list(geo.ssm_count),
+        (first[-1], slots), starts[-1],
+    )  # fmt: skip
+    return geo
+
+
+def _with_conv(
+    captures: tuple[Capture, ...],
+    rows: _Rows,
+    ssm: list[tuple[int, int, int, int]],
+    slots: int,
+) -> Geometry:
+    """The geometry of `ssm` with every capture's conv gather (checked)."""
+    starts = rows.starts
+    conv = [
+        (c.slot, starts[c.row], c.offset, c.row if rows.prefix_lens[c.row] > 0 else NO_INIT)
+        for c in captures
+    ]
+    dst, c_start, c_count, c_init = _columns(conv, 4)
+    check_conv_requests(list(dst), list(c_start), list(c_count), slots, starts[-1])
+    chunk_src, row_src, s_start, s_count = _columns(ssm, 4)
     return Geometry(dst, c_start, c_count, c_init, chunk_src, row_src, s_start, s_count)
 
 

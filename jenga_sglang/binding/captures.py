@@ -4,7 +4,8 @@ Our admission plans exact checkpoint positions for each request at `match_prefix
 point, the prompt end). When SGLang builds an extend batch (`ScheduleBatch.prepare_for_extend`),
 every planned position p that this chunk computes, `prefix_len < p <= extend_end`, gets a fresh
 Mamba slot here; the forward writes the conv and SSM state after exactly the tokens [0, p) into
-it (binding/capture_forward.py), and the checkpoint after the chunk hands it to the tree:
+it (binding/capture_forward.py, capture_gdn.py), and the checkpoint after the chunk hands it
+to the tree:
 
     prefix_len ...... p1 ...... p2 ...... extend_end      one chunk, one forward
                       |slot a   |slot b                   written during the forward
@@ -12,8 +13,10 @@ it (binding/capture_forward.py), and the checkpoint after the chunk hands it to 
 
 No chunk is cut and no round is added. A slot is owned here from its allocation until the
 checkpoint takes it (`take`) or the request leaves without one (`drop`: abort, retraction), so
-nothing leaks. A batch the forward did not serve (its layers are not the mixer whose kernels we
-extend) leaves its slots unwritten; `take` frees those instead of handing garbage to the tree.
+nothing leaks. A slot holds a state only once every state layer of the model has written its
+part; a batch whose forward did not reach all of them (layers whose kernels we do not extend, a
+prefill kernel we do not hook) leaves slots unwritten or half written, and `take` frees those
+instead of handing garbage to the tree.
 """
 
 from __future__ import annotations
@@ -34,10 +37,18 @@ class Capture:
 
 @dataclass
 class BatchCaptures:
-    """What one extend batch must capture; `served` is set by the forward that wrote them."""
+    """What one extend batch must capture, and how far its forward got: `layers` is the number
+    of state layers the forward must write (set when the forward starts), `written` how many
+    did (every capture of the batch, conv and SSM state)."""
 
     captures: tuple[Capture, ...]
-    served: bool = False
+    layers: int = 0
+    written: int = 0
+
+    @property
+    def served(self) -> bool:
+        """Whether the forward wrote every capture in every state layer."""
+        return self.layers > 0 and self.written >= self.layers
 
 
 @dataclass

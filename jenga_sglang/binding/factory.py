@@ -18,8 +18,10 @@ from jenga_sglang.models.spec import ModelSpec
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
 #: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_inpass_capture.py checks the list
-#: against those files). The in-pass capture hooks (binding/capture_forward.py) extend that
-#: mixer's prefill; other state layers fall back to cutting the chunk (binding/prefill_cut.py).
+#: against those files). The in-pass capture hooks extend that mixer's prefill
+#: (binding/capture_mamba2.py) and SGLang's Gated DeltaNet backend (binding/capture_gdn.py);
+#: other state layers (KDA, short conv, lightning) fall back to cutting the chunk
+#: (binding/prefill_cut.py).
 MAMBA2_MIXER_ARCHS = frozenset(
     {
         "NemotronHForCausalLM",
@@ -32,9 +34,15 @@ MAMBA2_MIXER_ARCHS = frozenset(
 
 
 def captures_in_pass(model_config: Any) -> bool:
-    """Whether the forward of this model writes our planned states in-pass."""
+    """Whether the forward of this model writes our planned states in-pass: its state layers
+    are all `MambaMixer2`, or SGLang runs them on its Gated DeltaNet backend (the test SGLang's
+    attention registry applies: `hybrid_gdn_config`)."""
     archs = getattr(model_config.hf_config, "architectures", None) or []
-    return bool(archs) and all(a in MAMBA2_MIXER_ARCHS for a in archs)
+    if archs and all(a in MAMBA2_MIXER_ARCHS for a in archs):
+        return True
+    from sglang.srt.configs.hybrid_arch import hybrid_gdn_config
+
+    return hybrid_gdn_config(model_config) is not None
 
 
 __all__ = [

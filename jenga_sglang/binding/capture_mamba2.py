@@ -1,0 +1,92 @@
+"""In-pass captures inside SGLang's Mamba2 mixer (`MambaMixer2`; binding/capture_forward.py).
+
+* AFTER `Mamba2AttnBackend.init_forward_metadata`: once per forward, the batch's captures
+  become device index tensors on the metadata (capture_geometry.py `plan_mamba2`);
+* AROUND `MambaMixer2.forward`: the layer's Mamba cache is the capture target meanwhile;
+* AROUND the mixer's `causal_conv1d_fn` (both bindings): the conv states, before the conv
+  overwrites the live slots;
+* AROUND the scan's `_mamba_chunk_scan_combined_fwd` (inside SGLang's
+  `mamba_chunk_scan_combined`): after the scan, every SSM state in one launch from the scan's
+  own chunk-boundary states, processed `dt` and decay cumsum (its results 1-3), or from the
+  row's start state (kernels/ssd_capture.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from jenga_sglang.binding import capture_forward as cf
+from jenga_sglang.binding.capture_geometry import plan_mamba2
+from jenga_sglang.kernels.ssd_capture import SsdCaptures, capture_ssd_states
+
+BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend"
+MIXER_MODULE = "sglang.srt.layers.attention.mamba.mamba"
+SCAN_FWD = "sglang.kernels.ops.mamba.triton_ops.ssd_combined._mamba_chunk_scan_combined_fwd"
+
+
+def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -> None:
+    metadata = backend.forward_metadata
+    setattr(metadata, cf.ATTR, None)
+    batch = cf.batch_of(forward_batch)
+    if batch is None or metadata.mixed_metadata is None:
+        return
+    geometry = plan_mamba2(
+        batch.captures,
+        [int(v) for v in forward_batch.extend_prefix_lens_cpu],
+        [int(v) for v in forward_batch.extend_seq_lens_cpu],
+        int(metadata.mixed_metadata.chunk_size),
+        int(backend.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[1]),
+    )
+    live = metadata.mamba_cache_indices[: metadata.num_prefills]
+    captures = cf.build(
+        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend)
+    )
+    setattr(metadata, cf.ATTR, captures)
+
+
+def around_mixer_forward(original: Callable[..., Any], mixer: Any, *a: Any, **k: Any) -> Any:
+    with cf.layer_scope(getattr(k.get("metadata"), cf.ATTR, None), k.get("layer_cache")):
+        return original(mixer, *a, **k)
+
+
+def around_conv(original: Callable[..., Any], x: Any, *a: Any, **k: Any) -> Any:
+    layer = cf.current()
+    if layer is not None:
+        cf.gather_conv(layer, x.transpose(0, 1))
+    return original(x, *a, **k)
+
+
+_SCAN_PARAMS: dict[Callable[..., Any], inspect.Signature] = {}
+
+
+def around_scan_fwd(original: Callable[..., Any], *a: Any, **k: Any) -> Any:
+    result = original(*a, **k)
+    layer = cf.current()
+    if layer is None:
+        return result
+    sig = _SCAN_PARAMS.setdefault(original, inspect.signature(original))
+    args = sig.bind(*a, **k).arguments
+    _, dt, cumsum, chunk_states = result[:4]
+    initial = args.get("initial_states")
+    if initial is None and layer.captures.reads_row_states:
+        raise RuntimeError("jenga in-pass capture: a row's start state was not passed to the scan")
+    assert isinstance(layer.captures.ssm, SsdCaptures)
+    capture_ssd_states(
+        chunk_states[0], initial, layer.cache.temporal, args["x"][0], args["B"][0],
+        dt[0], cumsum[0], layer.captures.ssm, checked=True,
+    )  # fmt: skip
+    cf.layer_written(layer)
+    return result
+
+
+def register(registry: Any, hook_type: Any) -> None:
+    """Register the hooks above (called by the plugin's `register`)."""
+    registry.register(
+        f"{BACKEND}.init_forward_metadata", after_init_forward_metadata, hook_type.AFTER
+    )
+    registry.register(f"{MIXER_MODULE}.MambaMixer2.forward", around_mixer_forward, hook_type.AROUND)
+    registry.register(f"{MIXER_MODULE}.causal_conv1d_fn", around_conv, hook_type.AROUND)
+    registry.register(f"{MIXER_MODULE}.causal_conv1d_fn_triton", around_conv, hook_type.AROUND)
+    registry.register(SCAN_FWD, around_scan_fwd, hook_type.AROUND)
