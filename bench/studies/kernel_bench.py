@@ -1,22 +1,33 @@
-"""What in-pass capture costs a Mamba2 prefill (GPU), or a smoke run on CPU (Triton interpreter).
+"""What in-pass capture costs a prefill, and how exact it is (GPU), or a smoke run on CPU.
 
-For Nemotron-H-8B layer shapes, a packed prefill of ``rows`` requests (8k tokens in all) with
-``captures`` checkpoint positions at random offsets, it times in one run:
+Two layer kinds, each at a production model's layer shapes (tensor-parallel rank 1):
 
-* the layer's prefill forward: the in/out projections (GEMMs), the depthwise causal conv and the
-  chunked SSD scan (SGLang's vendored scan when SGLang is importable, else mamba-ssm's);
-* our capture (binding/capture_forward.py's launches): the conv gather plus the roll-forward
-  from the scan's chunk-boundary states (kernels/conv_gather.py, kernels/roll_forward.py);
-* where SGLang is importable, its tracked-state route for the same positions
-  (``chunk_state_varlen`` over (row start, position) segments, one call per capture rank, as
-  ``mamba_chunk_scan_combined(..., track_end_locs=...)`` does for one position per row),
+* Mamba2 at Nemotron-H-8B's (bench/studies/kernel_mamba2.py): SGLang's scan, our capture (conv
+  gather plus the chunked capture from the scan's own chunk states, dt and dA cumsum), the
+  earlier sequential roll-forward, and SGLang's in-scan tracking of one position per row;
+* Gated DeltaNet at Qwen3-Next-80B's (bench/studies/kernel_gdn.py): SGLang's chunked FLA
+  prefill, our capture from its chunk states and delta values, and SGLang's own route (states
+  at chunk boundaries only, copied out of the chunk states).
 
-and the largest SSM-state difference between the two routes. ``--smoke`` runs tiny shapes on
-CPU with the interpreter (patches from ``tests/triton_cpu.py``): it proves the script runs and
-gives the exactness figure; interpreter timings measure Python, not kernels. One JSON object
-per measurement.
+Measurements, one JSON object per line on stdout (`bench` names the kind), a table at the end
+on stderr:
 
-    python -m jenga_sglang.bench.studies.kernel_bench [--smoke] [--repeats N]
+* `mamba2` / `gdn`: per packing (rows x tokens, captures), the layer's prefill forward, our
+  capture, its share of the forward, and per capture;
+* `mamba2-track` / `gdn-route`: one capture per row, SGLang's route beside ours;
+* `mamba2-exact` / `gdn-exact`: max abs error against a float64 truth of ours, SGLang's route
+  and SGLang's prefill of the prefix alone, for fp32 and bf16 activations (GDN: bf16 only on a
+  GPU, where SGLang's kernel refuses float32; float32 only on CPU).
+
+On a GPU machine with PyTorch and Triton but no SGLang, SGLang's Triton ops are copied next to
+the checkout first (docs/kernels.md, "Running the benchmark on a GPU"):
+
+    scripts/sglang-gpu-ops.sh .gpu          # where SGLang is installed
+    PYTHONPATH=.:.gpu python -m jenga_sglang.bench.studies.kernel_bench   # on the GPU machine
+
+`--smoke` runs tiny shapes on CPU under the Triton interpreter (patches from tests/triton_cpu.py):
+it proves the benchmark runs and checks agreement; interpreter timings measure Python, not
+kernels.
 """
 
 from __future__ import annotations
@@ -25,28 +36,23 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Mamba2 layer shapes (tensor-parallel rank 1).
-SHAPES: dict[str, dict[str, int]] = {
-    "nemotron-h-8b": {
-        "d_model": 4096, "heads": 128, "headdim": 64, "dstate": 128, "groups": 8,
-        "conv_k": 4, "chunk": 128,
-    },
-    "smoke": {
-        "d_model": 32, "heads": 4, "headdim": 8, "dstate": 16, "groups": 2, "conv_k": 4,
-        "chunk": 16,
-    },
-}  # fmt: skip
+#: (rows, tokens per row, captures): the packings issue #28 measured on an H100.
+PACKINGS = ((8, 1024, 16), (8, 1024, 127), (4, 8192, 64), (64, 128, 64), (1, 32768, 8),
+            (32, 1024, 256))  # fmt: skip
+EXACT_PACKINGS = ((8, 1024, 16), (64, 128, 64))
+SMOKE_PACKINGS = ((4, 40, 8),)
 
 
 @dataclass(frozen=True)
 class Timer:
-    """Median wall time of ``fn`` in seconds (synchronising the GPU around each call)."""
+    """Median wall time of ``fn`` in milliseconds (synchronising the GPU around each call)."""
 
     device: str
     repeats: int
@@ -54,7 +60,7 @@ class Timer:
     def __call__(self, fn: Callable[[], Any]) -> float:
         import torch
 
-        fn()  # warm-up (compilation)
+        fn()  # warm-up (compilation, autotuning)
         times = []
         for _ in range(self.repeats):
             if self.device == "cuda":
@@ -64,196 +70,163 @@ class Timer:
             if self.device == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+        return 1e3 * sorted(times)[len(times) // 2]
 
 
 @dataclass(frozen=True)
-class Prefill:
-    """One packed prefill's tensors and its capture positions (flat packed token indices)."""
-
-    x: Any  # (T, H, P)
-    dt: Any  # (T, H) raw
-    b: Any  # (T, G, N)
-    c: Any
-    a: Any  # (H,)
-    dt_bias: Any  # (H,)
-    xbc: Any  # (T, conv_dim) conv inputs
-    cu: list[int]  # row starts, then T
-    caps: list[tuple[int, int]]  # (row, offset >= 1)
+class Config:
+    model_mamba2: str
+    model_gdn: str
+    packings: tuple[tuple[int, int, int], ...]
+    exact_packings: tuple[tuple[int, int, int], ...]
+    timer: Timer
+    kinds: tuple[str, ...]
 
 
-def make_prefill(shape: dict[str, int], rows: int, length: int, captures: int, dev: str) -> Prefill:
+def _dtypes(cfg: Config, kind: str) -> list[Any]:
     import torch
 
-    g = torch.Generator().manual_seed(0)
-    h, p, n, grp = shape["heads"], shape["headdim"], shape["dstate"], shape["groups"]
-    t = rows * length
-
-    def rand(*size: int) -> Any:
-        return torch.randn(*size, generator=g).to(dev)
-
-    offsets = torch.randint(1, length + 1, (captures,), generator=g).tolist()
-    caps = sorted({(i % rows, int(o)) for i, o in enumerate(offsets)})
-    return Prefill(
-        x=rand(t, h, p),
-        dt=rand(t, h) * 0.5,
-        b=rand(t, grp, n),
-        c=rand(t, grp, n),
-        a=-torch.rand(h, generator=g).to(dev),
-        dt_bias=rand(h) * 0.1,
-        xbc=rand(t, h * p + 2 * grp * n),
-        cu=[i * length for i in range(rows + 1)],
-        caps=caps,
-    )
+    gpu = cfg.timer.device == "cuda"
+    if kind == "gdn":
+        return [torch.bfloat16] if gpu else [torch.float32]
+    # bf16 dot products are wrong under the interpreter (jenga_sglang/cpu_gdn.py)
+    return [torch.float32, torch.bfloat16] if gpu else [torch.float32]
 
 
-def sglang_scan() -> Callable[..., Any] | None:
-    if importlib.util.find_spec("sglang") is None:
-        return None
-    from sglang.kernels.ops.mamba.triton_ops.ssd_combined import _mamba_chunk_scan_combined_fwd
-
-    return _mamba_chunk_scan_combined_fwd  # type: ignore[no-any-return]
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
-def scan(pf: Prefill, chunk: int) -> Any:
-    """The chunked scan of the packed rows; returns its processed dt, dA cumsum (H, nchunks,
-    chunk) and chunk-boundary states (nchunks, H, P, N)."""
+def mamba2_rows(cfg: Config) -> Iterable[dict[str, Any]]:
     import torch
 
-    fn = sglang_scan()
-    cu = torch.tensor(pf.cu, dtype=torch.int32, device=pf.x.device)
-    seq_idx = torch.repeat_interleave(
-        torch.arange(len(pf.cu) - 1, dtype=torch.int32, device=pf.x.device), cu.diff()
-    )[None]
-    args = (pf.x[None], pf.dt[None], pf.a, pf.b[None], pf.c[None], chunk)
-    kw = dict(dt_bias=pf.dt_bias, dt_softplus=True, seq_idx=seq_idx, cu_seqlens=cu)
-    if fn is None:
-        raise RuntimeError("kernel_bench needs SGLang's Mamba Triton ops (docs/kernels.md)")
-    out = torch.empty_like(pf.x[None])
-    res = fn(*args, **kw, out=out)
-    return res[1][0], res[2][0], res[3][0]
+    from jenga_sglang.bench.studies import kernel_mamba2 as m2
+
+    dev, t = cfg.timer.device, cfg.timer
+    for rows, length, caps in cfg.packings:
+        pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, torch.float32, dev)
+        run = m2.our_launches(pf, m2.scan_outputs(pf))
+        row = _head("mamba2", cfg.model_mamba2, rows, length, len(pf.caps), "float32", dev)
+        row["layer_forward_ms"] = t(m2.layer_forward(pf))
+        row["conv_gather_ms"] = t(run.conv)
+        row["ssd_capture_ms"] = t(run.ssd)
+        row["sequential_ms"] = t(run.sequential)
+        yield _shares(row, row["conv_gather_ms"] + row["ssd_capture_ms"])
+        one = m2.make_prefill(cfg.model_mamba2, rows, length, rows, torch.float32, dev, seed=1)
+        yield _mamba2_track(one, t, _head("mamba2-track", cfg.model_mamba2, rows, length,
+                                         len(one.caps), "float32", dev))  # fmt: skip
+    for rows, length, caps in cfg.exact_packings:
+        for dtype in _dtypes(cfg, "mamba2"):
+            pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, dtype, dev)
+            row = _head("mamba2-exact", cfg.model_mamba2, rows, length, len(pf.caps),
+                        _name(dtype), dev)  # fmt: skip
+            run = m2.our_launches(pf, m2.scan_outputs(pf))
+            run.ssd()
+            truth = m2.truth_states(pf)
+            row["state_absmax"] = float(truth.abs().max())
+            row["ours_err"] = _err(run.ssm_out, truth)
+            row["sglang_track_err"] = _err(m2.sglang_tracked_states(pf), truth)
+            row["sglang_prefix_err"] = _err(m2.sglang_prefix_states(pf), truth)
+            yield row
 
 
-def capture_ours(pf: Prefill, chunk: int, scan_out: Any, ssm_out: Any, conv_out: Any) -> Any:
-    """Our launches for every capture (geometry as binding/capture_geometry.py plans it)."""
-    import torch
+def _mamba2_track(pf: Any, t: Timer, row: dict[str, Any]) -> dict[str, Any]:
+    from jenga_sglang.bench.studies import kernel_mamba2 as m2
 
-    from jenga_sglang.binding.capture_geometry import plan_geometry
-    from jenga_sglang.binding.captures import Capture
-    from jenga_sglang.kernels.conv_gather import gather_conv_states
-    from jenga_sglang.kernels.ssd_capture import SsdCaptures, capture_ssd_states
-
-    dt, cumsum, states = scan_out
-    lens = [b - a for a, b in zip(pf.cu, pf.cu[1:], strict=False)]
-    caps = tuple(Capture(r, o, i) for i, (r, o) in enumerate(pf.caps))
-    geo = plan_geometry(caps, [0] * len(lens), lens, chunk, ssm_out.shape[0])
-    dev = pf.x.device
-
-    def ids(v: tuple[int, ...]) -> Any:
-        return torch.tensor(v, dtype=torch.int64, device=dev)
-
-    conv = [ids(v) for v in (geo.dst, geo.conv_start, geo.conv_count)]
-    ssm = SsdCaptures(
-        *(ids(v) for v in (geo.chunk_src, geo.row_src, geo.dst, geo.ssm_start, geo.ssm_count))
-    )
-
-    def run() -> None:
-        gather_conv_states(pf.xbc, conv_out, *conv, checked=True)
-        capture_ssd_states(states, None, ssm_out, pf.x, pf.b, dt, cumsum, ssm, checked=True)
-
-    return run
-
-
-def capture_sglang(pf: Prefill, chunk: int, states: Any, out: Any) -> Callable[[], None] | None:
-    """SGLang's tracked-state route: chunk_state_varlen over (row start, position) segments;
-    a row appears once per call, so captures are issued in ranks (k-th capture of each row)."""
-    if sglang_scan() is None:
-        return None
-    import torch
-    from sglang.kernels.ops.mamba.triton_ops.ssd_chunk_state import (
-        _chunk_cumsum_fwd,
-        chunk_state_varlen,
-    )
-
-    ranks: list[list[int]] = []
-    seen: dict[int, int] = {}
-    for i, (row, _) in enumerate(pf.caps):
-        k = seen.get(row, 0)
-        seen[row] = k + 1
-        if k == len(ranks):
-            ranks.append([])
-        ranks[k].append(i)
-    dev = pf.x.device
-
-    def run() -> None:
-        da, dt = _chunk_cumsum_fwd(pf.dt[None], pf.a, chunk, dt_bias=pf.dt_bias, dt_softplus=True)
-        for rank in ranks:
-            bounds = [
-                v
-                for i in rank
-                for v in (pf.cu[pf.caps[i][0]], pf.cu[pf.caps[i][0]] + pf.caps[i][1])
-            ]
-            got = chunk_state_varlen(
-                pf.b,
-                pf.x,
-                dt[0],
-                da[0],
-                torch.tensor(bounds, dtype=torch.int32, device=dev),
-                states,
-            )[::2]
-            out[torch.tensor(rank, device=dev)] = got.to(out.dtype)
-
-    return run
-
-
-def layer_forward(pf: Prefill, shape: dict[str, int], chunk: int) -> Callable[[], None]:
-    """The Mamba2 layer's prefill: projections, depthwise causal conv, chunked scan."""
-    import torch
-
-    t, d = pf.x.shape[0], shape["d_model"]
-    inner = shape["heads"] * shape["headdim"]
-    proj = 2 * inner + 2 * shape["groups"] * shape["dstate"] + shape["heads"]
-    dtype = torch.bfloat16 if pf.x.is_cuda else torch.float32
-    hidden = torch.randn(t, d, device=pf.x.device, dtype=dtype)
-    w_in = torch.randn(proj, d, device=pf.x.device, dtype=dtype)
-    w_out = torch.randn(d, inner, device=pf.x.device, dtype=dtype)
-    w_conv = torch.randn(pf.xbc.shape[1], 1, shape["conv_k"], device=pf.x.device)
-
-    def run() -> None:
-        hidden @ w_in.T
-        torch.nn.functional.conv1d(
-            pf.xbc.T[None], w_conv, padding=shape["conv_k"] - 1, groups=pf.xbc.shape[1]
-        )
-        scan(pf, chunk)
-        pf.x.reshape(t, inner).to(dtype) @ w_out.T
-
-    return run
-
-
-def bench_capture(
-    model: str, rows: int, length: int, captures: int, timer: Timer
-) -> dict[str, Any]:
-    import torch
-
-    shape, chunk = SHAPES[model], SHAPES[model]["chunk"]
-    pf = make_prefill(shape, rows, length, captures, timer.device)
-    scan_out = scan(pf, chunk)
-    states = scan_out[2]
-    n = len(pf.caps)
-    ours_out = torch.zeros(n, *states.shape[1:], device=timer.device)
-    conv_out = torch.zeros(n, pf.xbc.shape[1], shape["conv_k"] - 1, device=timer.device)
-    ours = capture_ours(pf, chunk, scan_out, ours_out, conv_out)
-    row: dict[str, Any] = {"bench": "capture", "model": model, "tokens": rows * length}
-    row |= {"captures": n, "device": timer.device}
-    row["layer_forward_s"] = timer(layer_forward(pf, shape, chunk))
-    row["capture_s"] = timer(ours)
-    row["capture_share"] = row["capture_s"] / row["layer_forward_s"]
-    theirs_out = torch.zeros_like(ours_out)
-    theirs = capture_sglang(pf, chunk, states, theirs_out)
-    if theirs is not None:
-        row["sglang_track_s"] = timer(theirs)
-        row["routes_max_abs_diff"] = float((ours_out - theirs_out).abs().max())
+    row["scan_ms"] = t(m2.mixer_scan(pf))
+    row["scan_tracked_ms"] = t(m2.mixer_scan(pf, [pf.flat(i) for i in range(len(pf.caps))]))
+    row["sglang_extra_ms"] = row["scan_tracked_ms"] - row["scan_ms"]
+    run = m2.our_launches(pf, m2.scan_outputs(pf))
+    row["ours_ssd_ms"] = t(run.ssd)
+    row["ours_conv_ms"] = t(run.conv)
     return row
+
+
+def gdn_rows(cfg: Config) -> Iterable[dict[str, Any]]:
+    from jenga_sglang.bench.studies import kernel_gdn as gd
+
+    dev, t = cfg.timer.device, cfg.timer
+    dtype = _dtypes(cfg, "gdn")[0]
+    for rows, length, caps in cfg.packings:
+        pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
+        forward = gd.chunk_forward(pf)
+        with gd.recorded() as seen:
+            forward()
+        run = gd.our_launches(pf, seen)
+        row = _head("gdn", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+        row["layer_forward_ms"] = t(gd.layer_forward(pf))
+        row["chunk_forward_ms"] = t(forward)
+        row["conv_gather_ms"] = t(run.conv)
+        row["gdn_capture_ms"] = t(run.capture)
+        row = _shares(row, row["conv_gather_ms"] + row["gdn_capture_ms"])
+        row["chunk_forward_share"] = row["capture_ms"] / row["chunk_forward_ms"]
+        yield row
+        route = _head("gdn-route", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+        route["sglang_copy_ms"] = t(run.sglang_copy)
+        route["ours_capture_ms"] = row["gdn_capture_ms"]
+        yield route
+    for rows, length, caps in cfg.exact_packings:
+        pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
+        with gd.recorded() as seen:
+            gd.chunk_forward(pf)()
+        run = gd.our_launches(pf, seen)
+        run.capture()
+        truth = gd.truth_states(pf)
+        row = _head("gdn-exact", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+        row["state_absmax"] = float(truth.abs().max())
+        row["ours_err"] = _err(run.out, truth)
+        row["sglang_prefix_err"] = _err(gd.sglang_prefix_states(pf), truth)
+        yield row
+
+
+def _head(
+    bench: str, model: str, rows: int, length: int, caps: int, dtype: str, dev: str
+) -> dict[str, Any]:
+    return {"bench": bench, "model": model, "packing": f"{rows}x{length}", "rows": rows,
+            "tokens": rows * length, "captures": caps, "dtype": dtype, "device": dev}  # fmt: skip
+
+
+def _shares(row: dict[str, Any], capture_ms: float) -> dict[str, Any]:
+    row["capture_ms"] = capture_ms
+    row["capture_share"] = capture_ms / row["layer_forward_ms"]
+    row["per_capture_us"] = 1e3 * capture_ms / max(row["captures"], 1)
+    return row
+
+
+def _err(got: Any, truth: Any) -> float:
+    return float((got.double() - truth).abs().max())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The measurements as one markdown table per kind."""
+    cols = {
+        "mamba2": ("packing", "captures", "layer_forward_ms", "capture_ms", "capture_share",
+                   "per_capture_us", "ssd_capture_ms", "conv_gather_ms", "sequential_ms"),
+        "mamba2-track": ("packing", "captures", "scan_ms", "scan_tracked_ms", "sglang_extra_ms",
+                         "ours_ssd_ms", "ours_conv_ms"),
+        "mamba2-exact": ("packing", "captures", "dtype", "state_absmax", "ours_err",
+                         "sglang_track_err", "sglang_prefix_err"),
+        "gdn": ("packing", "captures", "layer_forward_ms", "chunk_forward_ms", "capture_ms",
+                "capture_share", "chunk_forward_share", "per_capture_us"),
+        "gdn-route": ("packing", "captures", "ours_capture_ms", "sglang_copy_ms"),
+        "gdn-exact": ("packing", "captures", "dtype", "state_absmax", "ours_err",
+                      "sglang_prefix_err"),
+    }  # fmt: skip
+    out = []
+    for bench, names in cols.items():
+        mine = [r for r in rows if r["bench"] == bench]
+        if not mine:
+            continue
+        out += [f"\n{bench} ({mine[0]['model']}, {mine[0]['device']})", "| " + " | ".join(names)
+                + " |", "|" + "---|" * len(names)]  # fmt: skip
+        out += ["| " + " | ".join(_cell(r.get(n)) for n in names) + " |" for r in mine]
+    return "\n".join(out)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return "" if v is None else str(v)
 
 
 def _load_interpreter_patches() -> None:
@@ -265,18 +238,36 @@ def _load_interpreter_patches() -> None:
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kernels", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per figure")
+    parser.add_argument("--kinds", default="mamba2,gdn", help="mamba2, gdn or both")
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not kinds or set(kinds) - {"mamba2", "gdn"}:
+        parser.error(f"--kinds takes mamba2 and/or gdn, got {args.kinds!r}")
     if args.smoke:
         _load_interpreter_patches()
-        print(json.dumps(bench_capture("smoke", 4, 40, 8, Timer("cpu", 3))))
-        return
-    timer = Timer("cuda", args.repeats)
-    print(json.dumps(bench_capture("nemotron-h-8b", 8, 1024, 16, timer)))
+        cfg = Config("smoke", "smoke", SMOKE_PACKINGS, SMOKE_PACKINGS[:1], Timer("cpu", 1), kinds)
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("no GPU: run with --smoke on CPU")
+        cfg = Config("nemotron-h-8b", "qwen3-next-80b", PACKINGS, EXACT_PACKINGS,
+                     Timer("cuda", args.repeats), kinds)  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for kind, make in (("mamba2", mamba2_rows), ("gdn", gdn_rows)):
+        if kind in kinds:
+            for row in make(cfg):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(table(rows), file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
