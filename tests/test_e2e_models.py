@@ -55,9 +55,12 @@ def test_sliding_window_family_on_pages_hits_as_sglang_does(tmp_path: Path) -> N
 
 
 def test_gated_deltanet_served_identical_and_resumes_at_the_branch(tmp_path: Path) -> None:
-    """Qwen3.5 (chunk-cut capture of the GDN and conv states): replies identical to stock's,
-    turn 2 hits at least what stock hits, the second branch resumes at the branch point."""
+    """Qwen3.5 (in-pass capture of the GDN and conv states): replies identical to stock's,
+    turn 2 hits at least what stock hits, the second branch resumes at the branch point, in as
+    many prefill rounds as stock's, no chunk cut and no capture lost."""
     (row,) = run_models(("qwen3_5",), tmp_path / "out", tmp_path / "data")
     _check(row, tmp_path / "out", "qwen3_5")
     assert row["cached_tokens_turn2"] >= max(PROMPT, row["stock_cached_tokens_turn2"]), row
     assert row["cached_tokens_branch"] == BRANCH_AT > row["stock_cached_tokens_branch"], row
+    assert row["prefill_rounds"] == row["stock_prefill_rounds"], row
+    assert row["prefill_cuts"] == row["inpass_captures_lost"] == 0 < row["inpass_captures"], row

@@ -66,6 +66,45 @@ def test_row_has_the_issue_fields_and_compares_every_step() -> None:
     assert "GptOssForCausalLM" in table([row])
 
 
+def test_row_carries_prefill_rounds_and_our_counters() -> None:
+    cached = {"turn1": 0, "turn2": 239, "branch_a": 0, "branch_b": 150}
+    same = {s: [1, 2, i] for i, s in enumerate(STEPS)}
+    stock = {**_run({**cached, "branch_b": 0}, same), "prefill_rounds": 4}
+    ours = {**_run(cached, same), "prefill_rounds": 5}
+    ours["counters"] = {"inpass_captures": 5.0, "inpass_captures_lost": 0.0, "prefill_cuts": 1.0}
+    row = family_row("qwen3_5", stock, ours, 1)
+    assert (row["prefill_rounds"], row["stock_prefill_rounds"]) == (5, 4)
+    assert (row["inpass_captures"], row["inpass_captures_lost"], row["prefill_cuts"]) == (5, 0, 1)
+    assert " | 5/4 | 5 / 1 | " in table([row])
+
+
+def test_counters_sum_our_series_from_the_metrics_text(monkeypatch: Any) -> None:
+    import io
+
+    from jenga_sglang.bench.studies import e2e_models
+
+    text = (
+        "# HELP jenga:prefill_cuts_total ...\n"
+        'jenga:prefill_cuts_total{cache_type="jenga",tp_rank="0"} 2.0\n'
+        'jenga:prefill_cuts_total{cache_type="jenga",tp_rank="1"} 1.0\n'
+        'jenga:inpass_captures_total{cache_type="jenga",tp_rank="0"} 7.0\n'
+        "jenga:inpass_captures_lost_created 1.7e9\n"
+    )
+
+    class Reply(io.BytesIO):
+        def __enter__(self) -> Reply:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.close()
+
+    monkeypatch.setattr(
+        e2e_models.urllib.request, "urlopen", lambda url, timeout: Reply(text.encode())
+    )
+    got = e2e_models.counters("http://127.0.0.1:1")
+    assert got == {"inpass_captures": 7.0, "inpass_captures_lost": 0.0, "prefill_cuts": 3.0}
+
+
 def test_row_reports_the_largest_logprob_difference() -> None:
     cached = {"turn1": 0, "turn2": 239, "branch_a": 0, "branch_b": 150}
     same = {s: [1, 2, i] for i, s in enumerate(STEPS)}

@@ -14,8 +14,11 @@ then the same with `--enable-jenga`. The session, greedy, token ids (no tokenize
 
 `cached_tokens_branch` is branch B's; `identical_outputs` compares all four replies, and
 `max_logprob_diff` the log-probabilities of every reply token (identical hits compute the same
-thing; a longer hit, such as Jenga's at a branch point, only reorders float sums). A server that
-refuses the model at start-up (`served: false`) is reported with its error line.
+thing; a longer hit, such as Jenga's at a branch point, only reorders float sums).
+`prefill_rounds` counts the prefill forwards each server ran (its "Prefill batch" log lines);
+ours also reports, from its `--enable-metrics` series, the checkpoints its prefills captured
+in-pass and the chunks it cut at a checkpoint instead (each one more prefill round). A server
+that refuses the model at start-up (`served: false`) is reported with its error line.
 
 Page sizes above 1 run a state family (Mamba2, Gated DeltaNet) with
 `--mamba-radix-cache-strategy extra_buffer`, as SGLang requires (no_buffer keeps states at page
@@ -32,6 +35,7 @@ import random
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,12 +43,19 @@ from typing import Any
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import LocalServer, ServerError
 from jenga_sglang.bench.drivers.tiny_families import FAMILIES, family_config
+from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
 from jenga_sglang.models import spec_from_hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_ID, VOCAB = 6, 512  # ids 0-5 are the shared tokenizer's special tokens
 PROMPT, BRANCH_AT, TAIL, NEW_TOKENS, REPLY_TOKENS = 200, 150, 40, 8, 40
 STEPS = ("turn1", "turn2", "branch_a", "branch_b")
+#: Our counters read off /metrics after the replay (binding/metrics.py).
+COUNTERS = {
+    "inpass_captures": "jenga:inpass_captures_total",
+    "inpass_captures_lost": "jenga:inpass_captures_lost_total",
+    "prefill_cuts": "jenga:prefill_cuts_total",
+}
 #: A traceback's last line, e.g. "triton.runtime.errors.InterpreterError: ..."
 _EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception)\b[^ ]*: ")
 
@@ -89,6 +100,18 @@ def replay(url: str, seed: int = 0) -> dict[str, dict[str, Any]]:
     return out
 
 
+def counters(url: str) -> dict[str, float]:
+    """Our counters from the server's Prometheus text (summed over label sets; 0 if absent)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        for key, name in COUNTERS.items():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _first_error(log: Path) -> str:
     """The line of the server log that says why it stopped: the last exception line (our
     start-up errors name the architecture), else the last line."""
@@ -107,13 +130,18 @@ def serve_family(
     strategy: str = "no_buffer",
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One server for one family: the replay, or why the server did not come up."""
-    extra = ["--enable-jenga", *flags] if jenga else list(flags)
+    """One server for one family: the replay, its prefill rounds (and our counters), or why
+    the server did not come up."""
+    extra = [*(["--enable-jenga"] if jenga else []), "--enable-metrics", *flags]
     try:
         with LocalServer(
             str(model), extra, log=log, ready_timeout_s=420.0, strategy=strategy, env=env
         ) as server:
-            return {"served": True, "steps": replay(server.url)}
+            run = {"served": True, "steps": replay(server.url)}
+            if jenga:
+                run["counters"] = counters(server.url)
+            run["prefill_rounds"] = prefill_rounds(log.read_text(errors="replace"))
+            return run
     except (ServerError, OSError) as exc:  # OSError: the server died under a request
         return {"served": False, "error": _first_error(log) or str(exc)[:400]}
 
@@ -148,6 +176,10 @@ def family_row(
     row["cached_tokens_branch"] = cached(jenga, "branch_b")
     row["stock_cached_tokens_turn2"] = cached(stock, "turn2")
     row["stock_cached_tokens_branch"] = cached(stock, "branch_b")
+    row["prefill_rounds"] = jenga.get("prefill_rounds")
+    row["stock_prefill_rounds"] = stock.get("prefill_rounds")
+    for key in COUNTERS:
+        row[key] = int(jenga["counters"][key]) if "counters" in jenga else None
     row["stock_served"] = stock["served"]
     if not stock["served"]:
         row["stock_error"] = stock["error"]
@@ -164,6 +196,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         "max logprob diff",
         "turn2 j/s",
         "branch j/s",
+        "rounds j/s",
+        "captures / cuts",
         "page",
         "note",
     )
@@ -180,6 +214,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
                     _fmt(r.get("max_logprob_diff")),
                     f"{r['cached_tokens_turn2']}/{r['stock_cached_tokens_turn2']}",
                     f"{r['cached_tokens_branch']}/{r['stock_cached_tokens_branch']}",
+                    f"{r.get('prefill_rounds')}/{r.get('stock_prefill_rounds')}",
+                    f"{r.get('inpass_captures')} / {r.get('prefill_cuts')}",
                     r["page_size"],
                     note[:100],
                 )
