@@ -16,6 +16,7 @@ from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmi
 from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.branching import GHOST_TOKENS, BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
+from jenga_sglang.policies.host import FlopAwareTier, HostSpec, tier_layers
 from jenga_sglang.policies.reference_eviction import MarconiEviction
 from jenga_sglang.policies.registry import PolicyRecord, bundle
 from jenga_sglang.policies.tuners import MarconiTuner, SlidingTuner
@@ -114,9 +115,14 @@ def byte_budget(spec: ModelSpec, cache_bytes: int) -> ByteBudget:
 
 
 def build_cache(
-    name: str, spec: ModelSpec, memory: CacheMemory
+    name: str, spec: ModelSpec, memory: CacheMemory, host: HostSpec | None = None
 ) -> tuple[PrefixCache, AlphaTuner | None]:
-    """The simulator's cache for bundle `name`: its tuner replays inline."""
+    """The simulator's cache for bundle `name`: its tuner replays inline. `host`: a host-memory
+    tier under it, run by `FlopAwareTier` with the bundle's eviction (policies/host.py)."""
     record = bundle(name)
     admission, eviction, tuner = build_policies(record, spec)
-    return PrefixCache(spec, memory, eviction, admission, record.lock_prefix), tuner
+    cache = PrefixCache(spec, memory, eviction, admission, record.lock_prefix)
+    if host is not None:
+        tier = FlopAwareTier(eviction, host.bandwidth, host.flop_rate, tier_layers(spec))
+        cache.attach_host(host.memory, tier)
+    return cache, tuner

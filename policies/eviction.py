@@ -55,7 +55,8 @@ class LruEviction(EvictionPolicy):
         self._leaves = FirstRanked()
 
     def update(self, node: Node) -> None:
-        if node.lock_ref == 0 and not node.children and node.parent is not None:
+        # device nodes only: a node in host memory is the host tier's (radix/host.py, T5)
+        if node.lock_ref == 0 and not node.children and node.parent is not None and not node.host:
             self._leaves.put(node, node.last_access)
         else:
             self._leaves.discard(node)
@@ -105,7 +106,7 @@ class FlopAwareEviction(EvictionPolicy):
 
     @staticmethod
     def is_candidate(node: Node) -> bool:
-        if node.lock_ref or node.parent is None:
+        if node.lock_ref or node.parent is None or node.host:  # host: the host tier's (T5)
             return False
         return not node.children or (len(node.children) == 1 and node.state is not None)
 
@@ -242,7 +243,7 @@ class JengaEviction(FlopAwareEviction):
 
     @staticmethod
     def is_candidate(node: Node) -> bool:
-        if node.lock_ref or node.parent is None:
+        if node.lock_ref or node.parent is None or node.host:  # host: the host tier's (T5)
             return False
         return not node.children or node.state is not None
 
@@ -360,3 +361,9 @@ class JengaEviction(FlopAwareEviction):
             if first is not None:
                 return first
         return super().victim()
+
+    def expects_reuse(self, node: Node) -> bool:
+        """False for what goes first because nobody is expected to hit it: expendable and
+        abandoned tails, and superseded checkpoints while that tier acts (a host tier then
+        drops rather than demotes them)."""
+        return not (node in self._expendable or node in self._abandoned or node in self._superseded)

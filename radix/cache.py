@@ -14,8 +14,14 @@ from mypy_extensions import mypyc_attr
 
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.commit import insert_extended, insert_unlocked, insert_walked
-from jenga_sglang.radix.contracts import AdmissionPolicy, CheckpointPlan, EvictionPolicy
+from jenga_sglang.radix.contracts import (
+    AdmissionPolicy,
+    CheckpointPlan,
+    EvictionPolicy,
+    TierPolicy,
+)
 from jenga_sglang.radix.cost import SpecNodeCost
+from jenga_sglang.radix.host import HostTier
 from jenga_sglang.radix.lease import Lease
 from jenga_sglang.radix.match import MatchResult, Walk, deepest_whole
 from jenga_sglang.radix.memory import CacheMemory
@@ -34,6 +40,11 @@ class ServeResult(NamedTuple):
     flops_saved: float
     states_planned: int
     cached: bool  # False when its pages could not be admitted (larger than what is free)
+    # with a host tier (radix/host.py): tokens of the hit loaded from host memory, the bytes
+    # that load moved, and the bytes device eviction moved to host while it was served
+    host_hit_tokens: int = 0
+    host_load_bytes: int = 0
+    host_write_bytes: int = 0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
@@ -100,6 +111,23 @@ class PrefixCache:
     @property
     def root(self) -> Node:
         return self.tree.root
+
+    @property
+    def host(self) -> HostTier | None:
+        """The host-memory tier, if one is attached (`attach_host`)."""
+        return self.tree.host
+
+    def attach_host(self, memory: CacheMemory, policy: TierPolicy) -> HostTier:
+        """Give the cache a host tier over `memory`, run by `policy` (docs/host-tier.md).
+        Only `serve` (sequential serving, with the prefix locked) loads host hits back so
+        far; the engine and the SGLang backend must not attach one."""
+        if not self.lock_prefix:
+            raise ValueError(
+                "a host tier needs the request's prefix locked while it is served "
+                "(lock_prefix): the reference simulator's unlocked insert may demote it"
+            )
+        policy.bind_cost(self.cost)
+        return HostTier(self.tree, memory, policy)
 
     @property
     def evicted_nodes(self) -> int:
@@ -314,6 +342,13 @@ class PrefixCache:
         walk = self.tree.walk(seq)
         whole = len(input_tokens) - len(input_tokens) % self.tree.page  # a hit is whole pages
         found = self.tree.match_walk(walk.prefix(whole))
+        host = self.tree.host
+        loaded, written = (0, 0), 0
+        if host is not None:  # load the hit's host part, move the walk to the device
+            written = host.write_bytes
+            prepared = host.prepare(self, seq, walk, whole)
+            if prepared is not None:
+                walk, found, loaded = prepared
         lease = self.admit(
             input_tokens, found, len(seq), owner=owner, lock=self.lock_prefix, ahead=walk
         )
@@ -322,7 +357,9 @@ class PrefixCache:
         scored = (len(input_tokens), hit, self.cost.flops(hit), len(positions))
         cached = self.commit(lease, seq, now=lease._now)
         self.release(lease, seq)
-        return ServeResult(*scored, cached=cached)
+        if host is None:
+            return ServeResult(*scored, cached=cached)
+        return ServeResult(*scored, cached, *loaded, host.write_bytes - written)
 
     def free(self, kv: list[Pages] | None, states: list[Pages] | None) -> None:
         """Give back pages that never reached the tree: one run per attention group, states."""
@@ -335,3 +372,5 @@ class PrefixCache:
 
     def check_integrity(self) -> None:
         self.tree.check_integrity()
+        if self.tree.host is not None:
+            self.tree.host.check_host()

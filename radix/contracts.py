@@ -4,7 +4,9 @@
   victims);
 * `NodeCost`: what a node is worth to a FLOP-aware policy (radix/cost.py: the model spec's);
 * `AdmissionPolicy`: which SSM states, and how much of a sequence, enter the cache, as a
-  `CheckpointPlan` made from the `Branch` where the sequence leaves the tree.
+  `CheckpointPlan` made from the `Branch` where the sequence leaves the tree;
+* `TierPolicy`: with a host-memory tier (radix/host.py), what device eviction moves to host,
+  what a hit loads back, and (its `host` ranking) what host memory drops.
 
 They live below the tree so that the layering runs one way: radix/ defines them and calls them,
 policies/ implements them, and nothing here imports policies/. The implementations are
@@ -80,6 +82,37 @@ class EvictionPolicy(ABC):
         """The admission expects no later request to reuse `nodes` (a just-cached chain down
         to a leaf): a policy may evict them before anything else. A later hit through one of
         them proves it wrong; the default keeps them in the ordinary order."""
+
+    def expects_reuse(self, node: Node) -> bool:
+        """Whether the victim `node` just named may still be hit (a host tier keeps what may:
+        radix/host.py). A policy that evicts entries it expects dead first says so here."""
+        return True
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class TierPolicy(ABC):
+    """What crosses between the device and a host tier (radix/host.py, docs/host-tier.md).
+
+    `host` ranks the host entries: host leaves (a host node without host children: its KV and
+    checkpoint) and host checkpoints of other nodes; it is told of them with `update` and
+    `remove` as for device nodes, and names host victims with `victim`."""
+
+    host: EvictionPolicy
+
+    @abstractmethod
+    def bind_cost(self, node_flops: NodeCost) -> None:
+        """The cost model the decisions weigh (the cache's, as its eviction policy's)."""
+
+    @abstractmethod
+    def demotes(self, node: Node, state_only: bool) -> bool:
+        """Whether the device victim `node` (with `state_only`: its checkpoint alone) moves to
+        host memory rather than being dropped."""
+
+    @abstractmethod
+    def loads(self, load_bytes: int, flops_after: float, flops_without: float) -> bool:
+        """Whether a hit whose host part weighs `load_bytes` is loaded back, leaving
+        `flops_after` prefill FLOPs to compute, rather than recomputing `flops_without` from
+        the device hit."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -26,6 +26,9 @@ def evict_for(tree: RadixTree, ptype: PageType) -> bool:
     victim = tree.policy.victim()
     if victim is None:
         return False
+    host = tree.host
+    if host is not None and host.evict(victim):
+        return True  # moved to host memory (radix/host.py); otherwise it is dropped below
     if victim.children:
         drop_state(tree, victim)
     elif victim.inner:
@@ -88,7 +91,8 @@ def drop_state(tree: RadixTree, node: Node) -> None:
     """Evict an inner node's checkpoint, keeping its KV (every token stays cached).
 
     With one child the node disappears: the child absorbs its edge and KV (Marconi). With
-    more children the node stays as the branch point, without a state.
+    more children, or children in host memory (a merge would move them off its end), the
+    node stays as the branch point, without a state.
     """
     if node.lock_ref or not node.children or node.state is None:
         raise ValueError(
@@ -98,7 +102,7 @@ def drop_state(tree: RadixTree, node: Node) -> None:
     tree.memory.free_evictable(tree.state_type, node.state)
     node.state = None
     tree.evicted_states += 1
-    if len(node.children) == 1:
+    if len(node.children) == 1 and not node.host_children:
         _merge_into_child(tree, node)
     else:
         tree.policy.update(node)

@@ -294,6 +294,8 @@ def _can_grow(tree: RadixTree, node: Node, kv: list[Pages]) -> bool:
         and node is not tree.root
         and node.is_leaf
         and node.state is None
+        and not node.host_children  # host children hang at its end (radix/host.py)
+        and node.host_state is None
         and all(t == 0 for t in node.tombstones)
         and all(len(pages) == len(kv[0]) for pages in kv)
     )
@@ -319,6 +321,10 @@ def _attach_state(tree: RadixTree, node: Node, state: Pages, now: int) -> None:
     if node is tree.root or node.state is not None:
         tree.memory.free(tree.state_type, state)  # already checkpointed there
         return
+    if node.host_state is not None:
+        # the same checkpoint, freshly computed on the device: its host copy is not needed
+        assert tree.host is not None
+        tree.host.drop_host_state(node)
     node.state = state
     # Admitting a checkpoint is an access: a branch point split out of an old edge would
     # otherwise keep that edge's old time and look stale the moment it becomes useful.

@@ -20,6 +20,11 @@ count; the tree builds runs only for policies that rank such a chain as one node
 
 `lock_ref` counts the locks held on this node or below it (locking a node increments it along the
 whole path to the root), so a node with lock_ref > 0 and all its ancestors are never evicted.
+
+With a host tier (radix/host.py, docs/host-tier.md) a node's KV may live in host memory
+(`host`); such nodes hang in their parent's `host_children`, never in `children`, so the device
+part of the tree, all the eviction policies see, is closed upwards. A checkpoint is in `state`
+(device) or `host_state` (host), never both. Without a tier these stay False, empty and None.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ class Node:
         "children",
         "end",
         "hit_count",
+        "host",
+        "host_children",
+        "host_state",
         "id",
         "inner",
         "key",
@@ -74,6 +82,11 @@ class Node:
         # start == parent.end, kept as a field: hit rules and costs read it on every request
         self.start: int = parent.end if parent is not None else 0
         self.end: int = self.start + len(key)
+        # the host tier's (radix/host.py): KV in host memory, children whose KV is there, and
+        # the checkpoint at `end` when it is in host memory
+        self.host = False
+        self.host_children: dict[bytes, Node] = {}
+        self.host_state: Pages | None = None
 
     @property
     def is_root(self) -> bool:
@@ -102,5 +115,7 @@ class Node:
 
     def __repr__(self) -> str:
         state = " state" if self.state is not None else ""
+        state += " host_state" if self.host_state is not None else ""
+        state += " host" if self.host else ""
         inner = f" inner={[at for at, _ in self.inner]}" if self.inner else ""
         return f"Node#{self.id}[{self.start},{self.end}){state}{inner} lock={self.lock_ref}"

@@ -22,6 +22,9 @@ Invariants (checked by `check_integrity`, in integrity.py):
 * conservation: per page type, the pages of unlocked nodes are exactly the memory's evictable
   pages, and the memory itself satisfies free + evictable + used == total.
 
+With a host-memory tier (radix/host.py) these hold for the device nodes (`children`); the host
+nodes (`host_children`) and host memory obey the tier's T1-T5, checked there.
+
 Runs (node.py): when the eviction policy ranks a chain of nodes inserted together as one node
 (`EvictionPolicy.evicts_runs`: LRU), a new leaf's checkpoints become its `inner` checkpoints
 instead of a chain of nodes, which spares creating and evicting a node per checkpoint
@@ -38,6 +41,7 @@ equal recency, and there is none: everything one request touches lies on one roo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from mypy_extensions import mypyc_attr
 
@@ -58,6 +62,9 @@ from jenga_sglang.radix.rules import (
     longest_common_valid,
 )
 from jenga_sglang.radix.tokens import TokenSeq
+
+if TYPE_CHECKING:
+    from jenga_sglang.radix.host import HostTier
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
@@ -92,6 +99,7 @@ class RadixTree(Evictor):
         memory.set_evictor(self)
         self.evicted_nodes = 0
         self.evicted_states = 0
+        self.host: HostTier | None = None  # a host-memory tier (radix/host.py), if attached
 
     def _build_rules(self) -> tuple[GroupRule, ...]:
         rules: list[GroupRule] = []
@@ -121,9 +129,13 @@ class RadixTree(Evictor):
             node, pos, path = start, start.end, start.path_from_root()
         page = self.page
         while pos < size:
-            child = node.children.get(key.head(pos, page))
+            head = key.head(pos, page)
+            child = node.children.get(head)
             if child is None:
-                break
+                # a child whose KV is in host memory (radix/host.py): the walk goes on there
+                child = node.host_children.get(head) if node.host_children else None
+                if child is None:
+                    break
             common = child.key.common_prefix(key, pos)
             pos += common - common % page  # whole pages: at least one, as the head matched
             if child.inner:
@@ -177,6 +189,8 @@ class RadixTree(Evictor):
             if current.lock_ref == 1:
                 self._set_pages_used(current, used=True)
                 self.policy.update(current)
+                if current.host_state is not None:
+                    self._host_update(current)
             current = current.parent
 
     def unlock(self, node: Node | None) -> None:
@@ -192,7 +206,15 @@ class RadixTree(Evictor):
             if current.lock_ref == 0:
                 self._set_pages_used(current, used=False)
                 self.policy.update(current)
+                if current.host_state is not None:
+                    self._host_update(current)
             current = current.parent
+
+    def _host_update(self, node: Node) -> None:
+        """A node with a host checkpoint was locked or unlocked: a running request's path
+        keeps its host checkpoints (radix/host.py)."""
+        assert self.host is not None
+        self.host.policy.host.update(node)
 
     # Loops over attention groups index `node.kv` rather than zip it with `kv_types`: compiled
     # (scripts/build_compiled.py), zip(..., strict=True) is a generic call, several times slower.
@@ -257,13 +279,21 @@ class RadixTree(Evictor):
         upper.hit_count = node.hit_count
         if node.inner:
             _share_inner(upper, node)
-        node.parent.children[upper.key.head(0, self.page)] = upper
+        # a host node's halves stay in host memory, linked and ranked there (radix/host.py)
+        upper.host = node.host
+        siblings = node.parent.host_children if node.host else node.parent.children
+        siblings[upper.key.head(0, self.page)] = upper
         node.key = node.key.slice(at)
         node.parent = upper
         node.start = upper.end
-        upper.children[node.key.head(0, self.page)] = node
-        self.policy.update(upper)
-        self.policy.update(node)
+        below = upper.host_children if node.host else upper.children
+        below[node.key.head(0, self.page)] = node
+        policy = self.policy
+        if node.host:
+            assert self.host is not None
+            policy = self.host.policy.host
+        policy.update(upper)
+        policy.update(node)
         return upper
 
     def new_id(self) -> int:

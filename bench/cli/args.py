@@ -45,3 +45,17 @@ def cost_pair(text: str) -> tuple[str, str]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name.strip(), value.strip()
+
+
+def host_size(text: str) -> str:
+    """A host tier's size: GB (a number >= 0) or "Rx", R times the cache size."""
+    number = text[:-1] if text.endswith("x") else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected GB or a multiple of --cache-gb such as 4x, got {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a host tier's size must be >= 0, got {text!r}")
+    return text

@@ -36,7 +36,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from jenga_sglang.bench.cli.args import EXIT_BAD_INPUT, BadInput, checked, cost_pair, floats, names
+from jenga_sglang.bench.cli.args import (
+    EXIT_BAD_INPUT,
+    BadInput,
+    checked,
+    cost_pair,
+    floats,
+    host_size,
+    names,
+)
 from jenga_sglang.bench.cli.long_batch import add_long_batch_parser
 from jenga_sglang.bench.cli.online import add_online_parser
 from jenga_sglang.bench.cli.overhead import add_overhead_parser
@@ -82,6 +90,17 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "on SGLang's pools (slow start)",
     )
     p.add_argument("--max-running", type=int, default=256, help="requests per batch at most")
+    p.add_argument(
+        "--host-gb",
+        type=host_size,
+        default="0",
+        metavar="G|Rx",
+        help="a host-memory tier of G GB under the cache, or R times --cache-gb (0, the "
+        "default: none; docs/host-tier.md)",
+    )
+    p.add_argument(
+        "--host-bw", type=float, default=25.0, help="host <-> device GB/s (default 25: PCIe 4)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,7 +179,16 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "cost": tuple(args.cost),
         "engine": EngineConfig(chunk_tokens=args.chunk_tokens, max_running=args.max_running),
         "via": args.via,
+        "host_bw": args.host_bw,
     }
+
+
+def _with_host(config: Any, size: str) -> Any:
+    """`config` with its host tier's size: `size` GB, or "Rx" for R times its cache size."""
+    from dataclasses import replace
+
+    gb = float(size[:-1]) * config.cache_gb if size.endswith("x") else float(size)
+    return replace(config, host_gb=gb)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -174,6 +202,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             args.trace, args.model, args.cache_gb, policy, cache=args.cache, **_common(args)
         )
     )
+    config = _with_host(config, args.host_gb)
     checked(validate, config)
     checked(load_packed, config.trace)
     record = run(config)
@@ -220,6 +249,11 @@ def _sweep_grid(args: argparse.Namespace, grid: Any) -> list[Any]:
         policies = (args.policies or DEFAULT_POLICIES) if cache == OURS else [""]
         common = {**_common(args), "cache": cache}
         configs += grid(args.trace, args.model, args.cache_gb, policies, **common)
+    from jenga_sglang.bench.runs.runner import validate
+
+    configs = [_with_host(c, args.host_gb) for c in configs]
+    for config in configs:
+        validate(config)
     return configs
 
 

@@ -26,6 +26,7 @@ from jenga_sglang.bench.drivers.sglang_run import (
     run_sglang,
     validate_sglang,
 )
+from jenga_sglang.bench.runs.tiers import first_token, host_fields, validate_host
 from jenga_sglang.bench.simulation.cost_model import CostModel
 from jenga_sglang.bench.simulation.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.simulation.replay import ReplayStats, replay_sequential
@@ -36,8 +37,9 @@ from jenga_sglang.compiled import compiled
 from jenga_sglang.models.presets import get_spec, preset_names
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.bundles import build_cache, byte_budget
+from jenga_sglang.policies.host import HostSpec, tier_layers
 from jenga_sglang.policies.registry import bundle
-from jenga_sglang.radix.memory import CacheMemory
+from jenga_sglang.radix.memory import ByteBudget, CacheMemory
 
 GB = 10**9
 MODES = ("sequential", "engine")
@@ -67,10 +69,16 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     via: str = ""  # "sglang": our policy as SGLang's cache backend (bench/drivers/sglang_run.py)
     cache: str = OURS  # the cache under test: ours, or SGLang's own (sglang_run.NATIVE_CACHES)
+    host_gb: float = 0.0  # a host-memory tier of this size (docs/host-tier.md); 0: none
+    host_bw: float = 25.0  # its host <-> device bandwidth, GB/s (PCIe 4; 50 for PCIe 5)
 
     @property
     def cache_bytes(self) -> int:
         return round(self.cache_gb * GB)
+
+    @property
+    def host_bytes(self) -> int:
+        return round(self.host_gb * GB)
 
 
 def validate(config: RunConfig) -> None:
@@ -94,6 +102,8 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"unknown memory {config.memory!r}; known: {', '.join(MEMORIES)}")
     if not (math.isfinite(config.cache_gb) and config.cache_gb > 0):
         raise ValueError(f"cache size must be a positive number of GB, got {config.cache_gb}")
+    locks = config.cache != OURS or bundle(config.policy).lock_prefix
+    validate_host(config.host_gb, config.host_bw, config.cache, config.mode, config.via, locks)
     CostModel.with_overrides(dict(config.cost))
 
 
@@ -177,12 +187,19 @@ def run(config: RunConfig) -> dict[str, Any]:
         )
         return {**_config_fields(config), **through}
     memory = build_memory(config.memory, spec, config.cache_bytes)
-    cache, tuner = build_cache(config.policy, spec, memory)
+    cost = CostModel.with_overrides(dict(config.cost))
+    host = None
+    if config.host_gb > 0:
+        sizes = {t: memory.page_bytes(t) for t in memory.page_types}  # one host pool
+        host = HostSpec(
+            ByteBudget(config.host_bytes, sizes), config.host_bw * GB, cost.peak_flops * cost.mfu
+        )
+    cache, tuner = build_cache(config.policy, spec, memory, host)
     stats: ReplayStats
     if config.mode == "sequential":
-        stats = replay_sequential(requests, cache, tuner, check=config.check)
+        ttft = first_token(cost, cache.cost.flops, tier_layers(spec), config.host_bw * GB)
+        stats = replay_sequential(requests, cache, tuner, check=config.check, ttft=ttft)
     else:
-        cost = CostModel.with_overrides(dict(config.cost))
         stats = replay_engine(requests, cache, tuner, cost, config.engine, check=config.check)
     record: dict[str, Any] = {
         **_config_fields(config),
@@ -197,8 +214,23 @@ def run(config: RunConfig) -> dict[str, Any]:
     }
     if isinstance(stats, EngineStats):
         record.update(engine_fields(stats))
+    else:
+        record.update(first_token_fields(stats.ttfts))
     record.update(memory_fields(memory))
+    if cache.host is not None:
+        record.update(host_fields(cache.host))
     return record
+
+
+def first_token_fields(ttfts: list[float]) -> dict[str, float]:
+    """Mean and percentiles of a sequential replay's estimated times to first token."""
+    ordered = sorted(ttfts)
+    return {
+        "ttft_est_mean_s": sum(ordered) / len(ordered) if ordered else 0.0,
+        "ttft_est_p50_s": percentile(ordered, 50),
+        "ttft_est_p95_s": percentile(ordered, 95),
+        "ttft_est_p99_s": percentile(ordered, 99),
+    }
 
 
 def memory_fields(memory: CacheMemory) -> dict[str, int]:
@@ -219,6 +251,8 @@ def _config_fields(config: RunConfig) -> dict[str, Any]:
         "cache": config.cache,
         "cache_gb": config.cache_gb,
         "cache_bytes": config.cache_bytes,
+        "host_gb": config.host_gb,
+        "host_bw": config.host_bw,
     }
 
 

@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from jenga_sglang.models.spec import AttentionGroup, MambaGroup, MlpGroup, ModelSpec
+from jenga_sglang.policies.host import overlapped_seconds
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ class CostModel:
             except ValueError:
                 raise ValueError(f"cost model field {name}: not a number: {text!r}") from None
         return cls(**values)  # type: ignore[arg-type]
+
+    def first_token_seconds(self, flops: float, load_s: float, layers: int) -> float:
+        """Sequential replay's time to first token: one step's overhead and a prefill of
+        `flops` on the compute roof, overlapped layer by layer with `load_s` seconds of loads
+        from a host tier (policies/host.py `overlapped_seconds`; docs/host-tier.md)."""
+        compute = flops / (self.peak_flops * self.mfu)
+        return self.step_overhead_s + overlapped_seconds(load_s, compute, layers)
 
     def step_seconds(self, flops: float, bytes_read: float) -> float:
         compute = flops / (self.peak_flops * self.mfu)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jenga_sglang.bench.traces.packed import PackedRequest
@@ -38,6 +38,12 @@ class ReplayStats:
     tuning_s: float = 0.0
     cpu_s: float = 0.0
     tuning_cpu_s: float = 0.0
+    # a host-memory tier (docs/host-tier.md): hit tokens loaded from it, bytes loaded back
+    # (host -> device) and written by demotion (device -> host)
+    host_hit_tokens: int = 0
+    host_load_bytes: int = 0
+    host_write_bytes: int = 0
+    ttfts: list[float] = field(default_factory=list)  # estimated, per request (`ttft`)
 
     def fields(self) -> dict[str, Any]:
         """The replay part of a run record (flat, JSON-able)."""
@@ -55,6 +61,11 @@ class ReplayStats:
             "tuning_s": self.tuning_s,
             "cpu_s": self.cpu_s,
             "tuning_cpu_s": self.tuning_cpu_s,
+            "device_hit_tokens": self.hit_tokens - self.host_hit_tokens,
+            "host_hit_tokens": self.host_hit_tokens,
+            "host_load_bytes": self.host_load_bytes,
+            "host_write_bytes": self.host_write_bytes,
+            "host_transfer_bytes": self.host_load_bytes + self.host_write_bytes,
         }
 
     def count(
@@ -65,11 +76,16 @@ class ReplayStats:
         flops: Callable[[int], float],
         states_planned: int = 0,
         fits: bool = True,
+        host: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         """Add one finished request. `hit`: the tokens it reused, None when it was not served
         (SGLang rejects a request larger than its pool); `flops(n)`: the prefill FLOPs of n
         tokens; `fits`: False when its pages could not be stored. Either failure counts it
-        among `uncached_requests`."""
+        among `uncached_requests`. `host`: (hit tokens loaded from a host tier, bytes loaded,
+        bytes written to it) while it was served."""
+        self.host_hit_tokens += host[0]
+        self.host_load_bytes += host[1]
+        self.host_write_bytes += host[2]
         self.requests += 1
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
@@ -101,16 +117,22 @@ def replay_sequential(
     cache: PrefixCache,
     tuner: AlphaTuner | None,
     check: bool = False,
+    ttft: Callable[[int, int, int], float] | None = None,
 ) -> ReplayStats:
-    """Serve `requests` in order through `cache`; `check` verifies the tree after each one."""
+    """Serve `requests` in order through `cache`; `check` verifies the tree after each one.
+    `ttft(input tokens, hit tokens, bytes loaded from host)`: the estimated time to first
+    token of each request, kept in `ttfts`."""
     stats = ReplayStats()
     start, cpu_start = time.perf_counter(), time.process_time()
     for i, req in enumerate(requests):
         res = cache.serve(req.inp, req.out, owner=i)
         flops = cache.cost.flops  # memoised spec.flops: res.flops_saved is flops(hit)
+        host = (res.host_hit_tokens, res.host_load_bytes, res.host_write_bytes)
         stats.count(
-            len(req.inp), len(req.out), res.hit_tokens, flops, res.states_planned, res.cached
+            len(req.inp), len(req.out), res.hit_tokens, flops, res.states_planned, res.cached, host
         )
+        if ttft is not None:
+            stats.ttfts.append(ttft(len(req.inp), res.hit_tokens, res.host_load_bytes))
         if tuner is not None:
             tuner.after_request(cache, req.inp, req.out, res)
         if check:

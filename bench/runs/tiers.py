@@ -1,0 +1,64 @@
+"""What a run with a host-memory tier adds (docs/host-tier.md): where `--host-gb` runs, the
+estimated time to first token with load-back, and the record's tier fields.
+
+bench/runs/runner.py builds the tier (policies/bundles.py `build_cache`, `HostSpec`) and calls
+these; SGLang's HiCache baseline records the same fields from its own cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from jenga_sglang.bench.simulation.cost_model import CostModel
+from jenga_sglang.radix.host import HostTier
+
+#: the caches under test that have a host tier: ours, and SGLang's HiCache
+HOST_CACHES = ("jenga",)
+
+
+def validate_host(
+    host_gb: float, host_bw: float, cache: str, mode: str, via: str, locks_prefix: bool
+) -> None:
+    """ValueError naming the flag when the tier's sizes are bad or it is asked where it does
+    not run yet: our cache (`cache` "jenga") runs it in the sequential replay of a bundle that
+    locks the request's prefix (`locks_prefix`) only."""
+    if not (math.isfinite(host_gb) and host_gb >= 0):
+        raise ValueError(f"--host-gb must be a number of GB >= 0, got {host_gb}")
+    if not (math.isfinite(host_bw) and host_bw > 0):
+        raise ValueError(f"--host-bw must be a positive number of GB/s, got {host_bw}")
+    if host_gb == 0:
+        return
+    if cache not in HOST_CACHES:
+        raise ValueError(f"--host-gb applies to --cache {' or '.join(HOST_CACHES)}, not {cache}")
+    if cache != "jenga":
+        return
+    if mode != "sequential" or via:
+        raise ValueError("--host-gb runs in the sequential replay of --cache jenga only so far")
+    if not locks_prefix:
+        raise ValueError(
+            "--host-gb needs a bundle that locks the request's prefix; the reference "
+            "simulator's unlocked insert (marconi, -faithful) may demote it mid-insert"
+        )
+
+
+def first_token(
+    cost: CostModel, flops: Callable[[int], float], layers: int, bandwidth: float
+) -> Callable[[int, int, int], float]:
+    """Estimated time to first token of a request of n input tokens that hit `hit` tokens and
+    loaded `load` bytes from host (CostModel.first_token_seconds; docs/host-tier.md)."""
+
+    def ttft(n: int, hit: int, load: int) -> float:
+        return cost.first_token_seconds(flops(n) - flops(hit), load / bandwidth, layers)
+
+    return ttft
+
+
+def host_fields(host: HostTier) -> dict[str, int]:
+    """What moved between the tiers: demotions, host evictions, host memory's peak."""
+    return {
+        "host_demoted_nodes": host.demoted_nodes,
+        "host_demoted_states": host.demoted_states,
+        "host_dropped_nodes": host.dropped_nodes,
+        "host_dropped_states": host.dropped_states,
+        "host_peak_bytes": int(getattr(host.memory, "peak_bytes", host.memory.held_bytes())),
+    }
