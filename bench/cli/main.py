@@ -101,6 +101,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host-bw", type=float, default=25.0, help="host <-> device GB/s (default 25: PCIe 4)"
     )
+    p.add_argument(
+        "--hicache-write-policy",
+        default="write_through",
+        choices=("write_through", "write_through_selective", "write_back"),
+        help="--cache sglang-native-hicache: SGLang's HiCache write policy (its default: "
+        "write_through)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +187,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "engine": EngineConfig(chunk_tokens=args.chunk_tokens, max_running=args.max_running),
         "via": args.via,
         "host_bw": args.host_bw,
+        "hicache_write": args.hicache_write_policy,
     }
 
 

@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # the CLI reads the cache names here before it needs anything
     from jenga_sglang.policies.registry import PolicyRecord
 
 OURS = "jenga"
-NATIVE_CACHES = ("sglang-native", "sglang-native-unified")
+HICACHE = "sglang-native-hicache"  # with its host tier (bench/drivers/sglang_hicache.py)
+NATIVE_CACHES = ("sglang-native", "sglang-native-unified", HICACHE)
 CACHES = (OURS, *NATIVE_CACHES)
 VIA = ("", "sglang")
 

@@ -21,12 +21,19 @@ from typing import Any
 
 from jenga_sglang.bench.drivers.sglang_run import (
     CACHES,
+    HICACHE,
     NATIVE_CACHES,
     OURS,
     run_sglang,
     validate_sglang,
 )
-from jenga_sglang.bench.runs.tiers import first_token, host_fields, validate_host
+from jenga_sglang.bench.runs.tiers import (
+    first_token,
+    host_fields,
+    run_hicache,
+    validate_hicache,
+    validate_host,
+)
 from jenga_sglang.bench.simulation.cost_model import CostModel
 from jenga_sglang.bench.simulation.engine import EngineConfig, EngineStats, replay_engine
 from jenga_sglang.bench.simulation.replay import ReplayStats, replay_sequential
@@ -71,6 +78,7 @@ class RunConfig:
     cache: str = OURS  # the cache under test: ours, or SGLang's own (sglang_run.NATIVE_CACHES)
     host_gb: float = 0.0  # a host-memory tier of this size (docs/host-tier.md); 0: none
     host_bw: float = 25.0  # its host <-> device bandwidth, GB/s (PCIe 4; 50 for PCIe 5)
+    hicache_write: str = "write_through"  # --cache sglang-native-hicache's write policy
 
     @property
     def cache_bytes(self) -> int:
@@ -104,6 +112,7 @@ def validate(config: RunConfig) -> None:
         raise ValueError(f"cache size must be a positive number of GB, got {config.cache_gb}")
     locks = config.cache != OURS or bundle(config.policy).lock_prefix
     validate_host(config.host_gb, config.host_bw, config.cache, config.mode, config.via, locks)
+    validate_hicache(config.cache, config.host_gb, config.hicache_write)
     CostModel.with_overrides(dict(config.cost))
 
 
@@ -180,6 +189,21 @@ def run(config: RunConfig) -> dict[str, Any]:
     validate(config)
     requests = load_packed(config.trace)
     spec = get_spec(config.model)
+    if config.cache == HICACHE:  # SGLang's host tier (bench/runs/tiers.py)
+        cost = CostModel.with_overrides(dict(config.cost))
+        chunk = config.engine.chunk_tokens
+        hicache = run_hicache(
+            requests,
+            spec,
+            cost,
+            config.cache_bytes,
+            config.host_bytes,
+            chunk,
+            config.host_bw,
+            config.hicache_write,
+        )
+        ttfts = first_token_fields(hicache.pop("ttfts"))
+        return {**_config_fields(config), **hicache, **ttfts}
     if config.via or config.cache != OURS:
         policy = bundle(config.policy) if config.cache == OURS else None
         through = run_sglang(

@@ -7,13 +7,21 @@ these; SGLang's HiCache baseline records the same fields from its own cache."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from jenga_sglang.bench.drivers.sglang_hicache import WRITE_POLICIES
+from jenga_sglang.bench.drivers.sglang_run import HICACHE
 from jenga_sglang.bench.simulation.cost_model import CostModel
+from jenga_sglang.policies.host import tier_layers
 from jenga_sglang.radix.host import HostTier
 
+if TYPE_CHECKING:
+    from jenga_sglang.bench.traces.packed import PackedRequest
+    from jenga_sglang.models.spec import ModelSpec
+
 #: the caches under test that have a host tier: ours, and SGLang's HiCache
-HOST_CACHES = ("jenga",)
+HOST_CACHES = ("jenga", HICACHE)
 
 
 def validate_host(
@@ -61,4 +69,53 @@ def host_fields(host: HostTier) -> dict[str, int]:
         "host_dropped_nodes": host.dropped_nodes,
         "host_dropped_states": host.dropped_states,
         "host_peak_bytes": int(getattr(host.memory, "peak_bytes", host.memory.held_bytes())),
+    }
+
+
+def validate_hicache(cache: str, host_gb: float, write_policy: str) -> None:
+    """SGLang's HiCache needs a host size and one of its write policies."""
+    if write_policy not in WRITE_POLICIES:
+        raise ValueError(
+            f"unknown --hicache-write-policy {write_policy!r}; known: {', '.join(WRITE_POLICIES)}"
+        )
+    if cache == HICACHE and host_gb <= 0:
+        raise ValueError(f"--cache {HICACHE} needs its host size: --host-gb G (or Rx)")
+
+
+def run_hicache(
+    requests: Sequence[PackedRequest],
+    spec: ModelSpec,
+    cost: CostModel,
+    cache_bytes: int,
+    host_bytes: int,
+    chunk_tokens: int,
+    host_bw: float,
+    write_policy: str,
+) -> dict[str, Any]:
+    """Replay through SGLang's HiCache (bench/drivers/sglang_hicache.py) on the static split of
+    `cache_bytes`, host pools `host_bytes / cache_bytes` times the device's; the record's
+    fields, with the per-request times to first token under "ttfts"."""
+    from jenga_sglang.bench.drivers.sglang_hicache import replay_hicache
+    from jenga_sglang.bench.drivers.sglang_split import static_split
+
+    split = static_split(spec, cache_bytes)
+    ratio = host_bytes / cache_bytes
+    ttft = first_token(cost, spec.flops, tier_layers(spec), host_bw * 10**9)
+    stats, native = replay_hicache(requests, spec, split, chunk_tokens, ratio, write_policy, ttft)
+    return {
+        **stats.fields(),
+        "ttfts": stats.ttfts,
+        "peak_bytes": split.kv_bytes + split.mamba_bytes,
+        "capacity_violations": 0,
+        "alpha": 0.0,
+        "tunings": 0,
+        "evicted_nodes": 0,
+        "evicted_states": 0,
+        "via": "",
+        "hicache_write": write_policy,
+        "sglang_kv_tokens": split.kv_tokens,
+        "sglang_mamba_slots": split.mamba_slots,
+        "sglang_kv_capacity": native.kv_capacity,
+        **native.host_usage(),
+        **{f"sglang_end_{k}": v for k, v in native.usage().items()},
     }
