@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu e2e-models accelerate unaccelerate
+.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu e2e-models accelerate unaccelerate \
+	scale-tp
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -50,6 +51,12 @@ e2e-models: install
 	$(PY) -m jenga_sglang.bench.studies.e2e_models --out out/e2e-models
 	$(PY) -m jenga_sglang.bench.studies.e2e_models --families nemotron_h,qwen3_5,gpt_oss \
 	    --page-sizes 16 --update --out out/e2e-models
+
+# Scale-out on CPU (docs/sglang.md, "Tensor and data parallelism"; bench/RESULTS.md): the tiny model
+# at --tp-size 2, stock and --enable-jenga, with SGLang's rank-consensus checker on (about 15
+# minutes on 2 cores).
+scale-tp: tiny-model
+	$(PY) -m jenga_sglang.bench.studies.scale_tp --model data/tiny-model --out out/scale-tp
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -24,6 +24,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "e2e-models": ("e2e_models", "every tiny model family served on CPU, stock and jenga"),
     "bench-serving": ("bench_serving_cpu", "SGLang's bench_serving against the tiny model"),
     "demo-serve": ("demo_serve", "the serving half of `make demo`"),
+    "scale-tp": ("scale_tp", "--tp-size 2 on CPU, stock and jenga, rank-consensus checker on"),
 }
 
 

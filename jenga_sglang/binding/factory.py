@@ -72,6 +72,7 @@ def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
 def build_tree_cache(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
     from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.tp_consensus import ConsensusJengaRadixCache, checker_requested
 
     options = options_of(ctx.server_args)
     if not options.enabled:
@@ -85,4 +86,6 @@ def build_tree_cache(ctx: Any) -> Any:
         spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
-    return JengaRadixCache(ctx.params, spec, options, inpass=inpass)
+    # SGLang's rank-consensus checker on: the same cache with its marks (tp_consensus.py)
+    cls = ConsensusJengaRadixCache if checker_requested() else JengaRadixCache
+    return cls(ctx.params, spec, options, inpass=inpass)

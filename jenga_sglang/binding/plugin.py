@@ -30,7 +30,8 @@ and the radix-cache backend `jenga` (registered before parsing, so the flag acce
 On a machine without CUDA running under ``TRITON_INTERPRET=1`` it also applies the Triton CPU
 interpreter patches (jenga_sglang/cpu_interpreter.py) in each process, so that stock SGLang can
 serve a hybrid model on CPU (docs/e2e-cpu.md), and lets SGLang take its `extra_buffer`
-snapshot path there (binding/cpu_snapshots.py); elsewhere it changes nothing of SGLang's.
+snapshot path there (binding/cpu_snapshots.py) and, as a test shim, run `--tp-size N` without
+pynccl (jenga_sglang/cpu_tensor_parallel.py); elsewhere it changes nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from jenga_sglang import cpu_tensor_parallel
     from jenga_sglang.binding import (
         capture_forward,
         capture_gdn,
@@ -127,3 +129,4 @@ def register() -> None:
     usage.register(HookRegistry, HookType)
     vocab_check.register(HookRegistry, HookType)
     cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only
+    cpu_tensor_parallel.register_hooks()  # TP without pynccl: a CPU test shim, same mode only

@@ -7,9 +7,10 @@ pools"):
 
 * AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model with at least
   one attention layer and the target worker, build ours (binding/pool_build.py) over the static
-  split's byte budget and return SGLang's own `_InitializedPools` record; a hybrid-SWA model
-  gets its full and window KV from one Jenga pool (binding/swa_pool_hook.py); anything else
-  goes to the original;
+  split's byte budget (under tensor parallelism the smallest rank's, and the built pools must
+  be equal on every rank: binding/tp_consensus.py) and return SGLang's own
+  `_InitializedPools` record; a hybrid-SWA model gets its full and window KV from one Jenga
+  pool (binding/swa_pool_hook.py); anything else goes to the original;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -58,8 +59,11 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
         return original(configurator, **kwargs)
 
+    from jenga_sglang.binding.tp_consensus import check_pool_agreed
+
     pools = _build(configurator, kwargs["sizes"])
     geometry, shared = pools.layout.geometry, pools.shared
+    check_pool_agreed(shared)  # TP ranks: equal pools or a start-up error
     logger.info(
         "Jenga pool: %d bytes, %d large pages of %d bytes (KV page %d B x %d, state page %d B x "
         "%d), state reserve %d, KV tokens %d, states %d",
@@ -131,6 +135,8 @@ def _build(configurator: Any, sizes: Any) -> Any:
     )
     from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
 
+    from jenga_sglang.binding.tp_consensus import agree_pool_budget
+
     _check_supported(configurator)
     layer = configurator.layer_info
     config = configurator.mambaish_config
@@ -158,8 +164,8 @@ def _build(configurator: Any, sizes: Any) -> Any:
         kv=kv,
         cache_params=cache_params,
         mamba_layer_ids=configurator._get_mamba_layer_ids_for_req_pool(),
-        budget_bytes=static_split_bytes(
-            spec, sizes.max_total_num_tokens, schedule.max_mamba_cache_size
+        budget_bytes=agree_pool_budget(  # the smallest rank's: equal pools on every TP rank
+            static_split_bytes(spec, sizes.max_total_num_tokens, schedule.max_mamba_cache_size)
         ),
         state_reserve=running * (1 + tracking),
         device=configurator.device,
