@@ -71,7 +71,8 @@ class _Layer:
 _LAYER: contextvars.ContextVar[_Layer | None] = contextvars.ContextVar("jenga_layer", default=None)
 
 
-def _ids(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def device_ids(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Host index list -> int64 tensor on `device` (copied without a sync)."""
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
@@ -81,31 +82,24 @@ def build(
     live_slots: torch.Tensor,
     translate: Callable[[torch.Tensor], torch.Tensor],
     layers: int,
-    *,
-    gdn: bool = False,
+    ssm_of: Callable[[torch.Tensor], SsdCaptures | GdnCaptures],
 ) -> ForwardCaptures:
-    """Device tensors for `geometry` (Mamba2's, or Gated DeltaNet's with `gdn`); `live_slots`
-    are the rows' (physical) Mamba slots, `translate` maps SGLang slot ids to physical ones
-    (identity but for a unified pool), `layers` is how many state layers must write them."""
+    """Device tensors for `geometry`; `live_slots` are the rows' (physical) Mamba slots,
+    `translate` maps SGLang slot ids to physical ones (identity but for a unified pool),
+    `layers` is how many state layers must write them, and `ssm_of(dst)` gives the layer
+    kind's capture indices for the physical destinations."""
     device = live_slots.device
-    rows = _ids(geometry.conv_init_row, device)
+    rows = device_ids(geometry.conv_init_row, device)
     init = torch.where(rows >= 0, live_slots[rows.clamp(min=0)].to(torch.int64), NO_INIT)
-    dst = translate(_ids(geometry.dst, device)).to(torch.int64)
-    src, start, count = (_ids(v, device) for v in (geometry.chunk_src, geometry.ssm_start,
-                                                   geometry.ssm_count))  # fmt: skip
-    ssm = (
-        GdnCaptures(src, dst, start, count)
-        if gdn
-        else SsdCaptures(src, _ids(geometry.row_src, device), dst, start, count)
-    )
+    dst = translate(device_ids(geometry.dst, device)).to(torch.int64)
     batch.layers = layers
     return ForwardCaptures(
         batch=batch,
         dst=dst,
-        conv_start=_ids(geometry.conv_start, device),
-        conv_count=_ids(geometry.conv_count, device),
+        conv_start=device_ids(geometry.conv_start, device),
+        conv_count=device_ids(geometry.conv_count, device),
         conv_init=init,
-        ssm=ssm,
+        ssm=ssm_of(dst),
         reads_row_states=geometry.reads_row_states,
     )
 

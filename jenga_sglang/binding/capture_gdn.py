@@ -49,10 +49,17 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -
         int(backend.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[1]),
     )
     live = metadata.mamba_cache_indices[: len(extend_lens)]
+
+    def ssm_of(dst: Any) -> GdnCaptures:
+        src, start, count = (
+            cf.device_ids(v, live.device)
+            for v in (geometry.chunk_src, geometry.ssm_start, geometry.ssm_count)
+        )
+        return GdnCaptures(src, dst, start, count)
+
     captures = cf.build(
-        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend),
-        gdn=True,
-    )  # fmt: skip
+        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend), ssm_of
+    )
     setattr(metadata, cf.ATTR, captures)
 
 

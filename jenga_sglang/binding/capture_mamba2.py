@@ -40,8 +40,16 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -
         int(backend.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[1]),
     )
     live = metadata.mamba_cache_indices[: metadata.num_prefills]
+
+    def ssm_of(dst: Any) -> SsdCaptures:
+        src, rows, start, count = (
+            cf.device_ids(v, live.device)
+            for v in (geometry.chunk_src, geometry.row_src, geometry.ssm_start, geometry.ssm_count)
+        )
+        return SsdCaptures(src, rows, dst, start, count)
+
     captures = cf.build(
-        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend)
+        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend), ssm_of
     )
     setattr(metadata, cf.ATTR, captures)
 
