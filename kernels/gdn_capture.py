@@ -15,7 +15,9 @@ ends after them. The state after ``n`` tokens of a chunk is therefore the same s
 ``(V x n) (n x K)``, on the tensor cores, from what the forward already computed.
 
 One launch serves every capture of a layer: grid (capture, value head, state tile). States are
-(V, K) per head as the pool stores them; accumulation is fp32.
+(V, K) per head as the pool stores them; accumulation is fp32. The tile is autotuned per (V, K)
+on the first launch among two that compile without spills for sm_90 (64 x 64, or 64 x 128 on 8
+warps); re-running a launch rewrites the same values, so the tuner's trials are harmless.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ GDN_CHUNK = 64
 """FLA's chunk length in SGLang's Gated DeltaNet prefill (``fla/chunk.py`` ``CHUNK_SIZE``)."""
 
 
+TILES = [
+    triton.Config({"BLOCK_V": 64, "BLOCK_K": 64, "BLOCK_T": 32}, num_warps=4),
+    triton.Config({"BLOCK_V": 64, "BLOCK_K": 128, "BLOCK_T": 32}, num_warps=8),
+]
+
+
+@triton.autotune(configs=TILES, key=["vdim", "kdim"])  # type: ignore[untyped-decorator]
 @triton.jit  # type: ignore[untyped-decorator]
 def _gdn_capture_kernel(  # type: ignore[no-untyped-def]
     h,
@@ -207,12 +216,12 @@ def capture_gdn_states(
     if n == 0:
         return
     heads, vdim, kdim = out.shape[1], out.shape[2], out.shape[3]
-    block_v = max(16, min(64, triton.next_power_of_2(vdim)))
-    block_k = max(16, min(64, triton.next_power_of_2(kdim)))
-    tiles = triton.cdiv(vdim, block_v) * triton.cdiv(kdim, block_k)
-    _gdn_capture_kernel[(n, heads, tiles)](
+
+    def grid(meta: dict[str, int]) -> tuple[int, int, int]:
+        return (n, heads, triton.cdiv(vdim, meta["BLOCK_V"]) * triton.cdiv(kdim, meta["BLOCK_K"]))
+
+    _gdn_capture_kernel[grid](
         h, out, caps.src, caps.dst, caps.start, caps.count, k, v_new, g,
         *h.stride(), *out.stride(), *k.stride(), *v_new.stride(), *g.stride(),
-        vdim, kdim, heads // k.shape[1],
-        BLOCK_V=block_v, BLOCK_K=block_k, BLOCK_T=32, PRECISION=precision,
+        vdim, kdim, heads // k.shape[1], PRECISION=precision,
     )  # fmt: skip

@@ -2,11 +2,11 @@
 
 The interpreter runs a kernel's Python; only the compiler checks what a GPU requires (dot
 shapes, operand dtypes, constexpr use). Triton compiles ahead of time for a target without a
-GPU (its own ptxas ships in the wheel), so each kernel is compiled with the block sizes and
-dtypes its launcher picks, and the capture kernels must use the tensor cores (wgmma on sm_90,
-mma on sm_80): the point of the chunked capture (issue #28). The test session runs under
-TRITON_INTERPRET, which replaces the compiler, so each case compiles in a subprocess without it
-(`python -m tests.test_kernels_compile CASE ARCH`).
+GPU (its own ptxas ships in the wheel), so each kernel is compiled with the block sizes (every
+autotuned tile) and dtypes its launcher uses, and the capture kernels must use the tensor cores
+(wgmma on sm_90, mma on sm_80): the point of the chunked capture (issue #28). The test session
+runs under TRITON_INTERPRET, which replaces the compiler, so each case compiles in a subprocess
+without it (`python -m tests.test_kernels_compile CASE ARCH`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ pytestmark = pytest.mark.exactness
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _compile(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], arch: int) -> Any:
+def _compile(
+    kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], arch: int, warps: int = 4
+) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -36,7 +38,19 @@ def _compile(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], 
     sig.update(dict.fromkeys(constexprs, "constexpr"))
     keys = {(names.index(k),): v for k, v in constexprs.items()}
     src = ASTSource(fn=kernel, signature=sig, constexprs=keys)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+
+
+def _tuned(tuner: Any, pointers: dict[str, str], constexprs: dict[str, Any], arch: int) -> set[str]:
+    """Compile every config of an autotuned kernel; the matrix instructions they all use."""
+    used = set()
+    for config in tuner.configs:
+        compiled = _compile(
+            tuner.fn, pointers, {**config.kwargs, **constexprs}, arch, config.num_warps
+        )
+        used.add(frozenset(_ptx_mma(compiled)))
+    assert len(used) == 1, used  # every tile takes the same route
+    return set(next(iter(used)))
 
 
 def _ptx_mma(compiled: Any) -> set[str]:
@@ -50,8 +64,7 @@ def _ssd(arch: int, act: str, precision: str) -> set[str]:
     pointers = {n: f"*{act}" for n in ("x", "b")}
     pointers |= {n: "*fp32" for n in ("chunk_states", "row_states", "out", "dt", "cs")}
     pointers |= {n: "*i64" for n in ("chunk_src", "row_src", "dst_idx", "tok_start", "n_tok")}
-    consts = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "PRECISION": precision}
-    return _ptx_mma(_compile(_ssd_capture_kernel, pointers, consts, arch))
+    return _tuned(_ssd_capture_kernel, pointers, {"PRECISION": precision}, arch)
 
 
 def _gdn(arch: int) -> set[str]:
@@ -60,8 +73,7 @@ def _gdn(arch: int) -> set[str]:
     pointers = {n: "*bf16" for n in ("k", "v_new", "h")}
     pointers |= {"g": "*fp32", "out": "*fp32"}
     pointers |= {n: "*i64" for n in ("src_idx", "dst_idx", "tok_start", "n_tok")}
-    consts = {"BLOCK_V": 64, "BLOCK_K": 64, "BLOCK_T": 32, "PRECISION": "tf32x3"}
-    return _ptx_mma(_compile(_gdn_capture_kernel, pointers, consts, arch))
+    return _tuned(_gdn_capture_kernel, pointers, {"PRECISION": "tf32x3"}, arch)
 
 
 def _others(arch: int) -> set[str]:
