@@ -112,8 +112,9 @@ def _scan_args(pf: Prefill, cu: list[int] | None = None) -> tuple[tuple[Any, ...
     )[None]
     t = cu[-1]
     args = (pf.x[None, :t], pf.dt[None, :t], pf.a, pf.b[None, :t], pf.c[None, :t], pf.chunk)
+    # fp32 chunk states, as the mixer asks for its fp32 state pool (`state_dtype`)
     kw = {"dt_bias": pf.dt_bias, "dt_softplus": True, "dt_limit": DT_LIMIT, "seq_idx": seq_idx,
-          "cu_seqlens": cu_t}  # fmt: skip
+          "cu_seqlens": cu_t, "state_dtype": torch.float32}  # fmt: skip
     return args, kw
 
 
