@@ -257,3 +257,37 @@ def test_server_tuning_runs_off_the_request_path_only_when_alpha_is_auto() -> No
     assert tuner is not None and tuner.background is not None and tuner.background.lag >= 1
     assert build_tuner(_server(alpha=0.5)) is None
     assert build_tuner(_server(eviction="lru")) is None
+
+
+def _pd(*argv: str) -> argparse.Namespace:
+    ns = _parse(*argv)
+    ns.disaggregation_mode = "null"
+    ns.enable_pd_role_switch = False
+    ns.disaggregation_decode_enable_radix_cache = False
+    return ns
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_disaggregation_refuses_the_pool_and_names_the_fallback(mode: str) -> None:
+    ns = _pd("--enable-jenga")
+    ns.disaggregation_mode = mode
+    with pytest.raises(JengaFlagError, match=f"--disaggregation-mode {mode}.*--no-jenga-pool"):
+        check_conflicts(ns)
+    ns.jenga_pool = False  # the fallback: SGLang's pools under our tree
+    check_conflicts(ns)
+    role_switch = _pd("--enable-jenga")
+    role_switch.enable_pd_role_switch = True
+    with pytest.raises(JengaFlagError, match="--enable-pd-role-switch"):
+        check_conflicts(role_switch)
+
+
+def test_decode_side_radix_cache_is_refused_and_stock_pd_is_untouched() -> None:
+    ns = _pd("--enable-jenga", "--no-jenga-pool")
+    ns.disaggregation_mode = "decode"
+    ns.disaggregation_decode_enable_radix_cache = True
+    with pytest.raises(JengaFlagError, match="decode-side hit needs the KV alone"):
+        check_conflicts(ns)
+    stock = _pd()
+    stock.disaggregation_mode = "decode"
+    stock.disaggregation_decode_enable_radix_cache = True
+    check_conflicts(stock)  # without --enable-jenga nothing of ours applies

@@ -258,6 +258,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
             f"--enable-jenga conflicts with --radix-cache-backend {backend} "
             f"(it selects --radix-cache-backend {BACKEND_NAME})"
         )
+    check_disaggregation(args)
     if getattr(args, "jenga_pool", None) is False:
         return
     for attr, flag, default in _POOL_CONFLICTS:
@@ -267,6 +268,41 @@ def check_conflicts(args: argparse.Namespace) -> None:
         backend = getattr(args, attr, None)
         if backend is not None and backend not in POOL_ATTENTION_BACKENDS:
             raise JengaFlagError(_unserved(f"conflicts with {flag} {backend}", flag))
+
+
+def check_disaggregation(args: argparse.Namespace) -> None:
+    """Prefill-decode disaggregation with `--enable-jenga`: what is refused, naming the fallback.
+
+    * The Jenga pool on either side: SGLang's transfer engines register each KV and state
+      buffer as (pointer, length, item length) and address slot i at pointer + i x item length,
+      which the pool's strided views break (a view's row stride is a whole KV or state page,
+      not its row's bytes): the state buffers register and would move the wrong bytes without
+      an error, the KV buffers fail to register (tests/test_pd_disaggregation.py). The decode
+      side's request pool (`HybridMambaDecodeReqToTokenPool`) is not built over the pool
+      either. So the server does not start; `--no-jenga-pool` keeps SGLang's own pools and
+      their registration (our tree on the prefill side).
+    * Our tree on the decode side (`--disaggregation-decode-enable-radix-cache`): there a hit
+      needs the KV alone, since the state arrives from prefill; that rule is not built.
+    """
+    mode = getattr(args, "disaggregation_mode", None) or "null"
+    switch = bool(getattr(args, "enable_pd_role_switch", False))
+    if mode == "null" and not switch:
+        return
+    what = "--enable-pd-role-switch" if switch else f"--disaggregation-mode {mode}"
+    if getattr(args, "jenga_pool", None) is not False:
+        raise JengaFlagError(
+            f"--jenga-pool (on with --enable-jenga) conflicts with {what}: the transfer engines "
+            "address slot i at pointer + i x item length, which the pool's strided views break, "
+            "and the decode request pool is not built over it; pass --no-jenga-pool (SGLang's "
+            "pools under our tree; docs/sglang.md, 'Prefill-decode disaggregation')"
+        )
+    if mode == "decode" and getattr(args, "disaggregation_decode_enable_radix_cache", False):
+        raise JengaFlagError(
+            "--enable-jenga conflicts with --disaggregation-mode decode "
+            "--disaggregation-decode-enable-radix-cache: a decode-side hit needs the KV alone "
+            "(the state arrives from prefill), a rule the jenga tree does not have; leave the "
+            "decode side without --enable-jenga"
+        )
 
 
 def _unserved(what: str, flag: str) -> str:
