@@ -48,6 +48,7 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.match",
     "jenga_sglang.radix.rules",
     "jenga_sglang.radix.contracts",
+    "jenga_sglang.radix.spaces",
     "jenga_sglang.radix.cost",
     "jenga_sglang.radix.insert",
     "jenga_sglang.radix.evict",

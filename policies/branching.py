@@ -35,6 +35,11 @@ tokens do not count: a new conversation leaving another one after the chat templ
 tokens has not rewritten anything. Chat workloads never reach `min_rate`, so their plans stay
 those of speculative admission. Nothing here knows about agents or sessions: only branch
 positions are observed.
+
+Namespaces (LoRA adapters, cache salts; radix/spaces.py): the ghost keeps each namespace's
+sequences apart, so a branch point is recalled only from the request's own namespace. What is
+learned is shared: whether requests rewrite their history is a trait of the workload, not of
+any one tenant's tokens, and it only says how to plan, never what a request may reuse.
 """
 
 from __future__ import annotations
@@ -118,23 +123,25 @@ class BranchLearningAdmission(SpeculativeAdmission):
 
     # ------------------------------------------------------------------ the hooks
 
-    def recall(self, tokens: TokenSeq, branch: Branch) -> Branch:
+    def recall(self, tokens: TokenSeq, branch: Branch, namespace: str | None = None) -> Branch:
         """Once rewrites are the common case, the ghost's branch point where it is deeper than
         the tree's and lies in the middle of a remembered sequence or at a junction of
         several; else the tree's. (In chat workloads ghost branch points are mostly where
         two conversations drift apart, and a state there rarely pays off: on the ShareGPT
-        grid, recalling them always cost 0.5% of the mean hit rate.)"""
+        grid, recalling them always cost 0.5% of the mean hit rate.) Only sequences of the
+        request's `namespace` are searched: another namespace's history is not its to resume.
+        """
         if self.ghost is None or not self.rewriting:
             return branch
-        ghost = self.ghost.branch(tokens)
+        ghost = self.ghost.branch(tokens, namespace)
         if ghost.length <= branch.length or (ghost.at_node_end and ghost.fanout == 0):
             return branch
         self.ghost_branches += 1
         return ghost
 
-    def finished(self, tokens: TokenSeq) -> None:
+    def finished(self, tokens: TokenSeq, namespace: str | None = None) -> None:
         if self.ghost is not None:
-            self.ghost.remember(tokens)
+            self.ghost.remember(tokens, namespace)
 
     def plan(self, branch: Branch, input_len: int, total_len: int, hit_len: int) -> CheckpointPlan:
         self.observe(branch)

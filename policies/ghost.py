@@ -16,6 +16,11 @@ point and checkpoint it exactly (ghost entries in the sense of ARC's ghost lists
 The trie is bounded by `capacity` tokens: the least recently used leaves go first. A sequence
 longer than the capacity is remembered up to it. Nothing here holds pages or states, so the
 ghost never constrains the cache; it only answers `branch(tokens)`.
+
+Sequences of different namespaces (LoRA adapters, cache salts; radix/spaces.py) are kept
+under roots of their own, as the tree keeps them, so a branch point is only ever found among
+the sequences of the asking request's namespace; one capacity and one LRU order serve all of
+them, and a named root goes when its last sequence is forgotten.
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ class GhostIndex:
         if capacity < 1:
             raise ValueError(f"ghost capacity must be >= 1 token, got {capacity}")
         self.capacity = capacity
-        self.root = _Entry(0, TokenSeq(b""), None, 0, 0)
+        self.root = _Entry(0, TokenSeq(b""), None, 0, 0)  # the default namespace's
+        self._spaces: dict[str, _Entry] = {}  # the named namespaces' roots
+        self._space_names: dict[int, str] = {}  # a named root's id -> its namespace
         self._next_id = 1
         self._clock = 0
         self._held = 0  # tokens over all edges
@@ -64,15 +71,18 @@ class GhostIndex:
 
     # ------------------------------------------------------------------ queries
 
-    def branch(self, tokens: TokenSeq) -> Branch:
-        """Where `tokens` leave the remembered sequences (no side effects).
+    def branch(self, tokens: TokenSeq, namespace: str | None = None) -> Branch:
+        """Where `tokens` leave the remembered sequences of `namespace` (no side effects).
 
         `tail` is, for a branch in the middle of an edge, how many remembered tokens follow
         the branch point down to the end of the one sequence through that edge (0 where the
         trie forks below): as `Walk.branch` reports it for the tree. Ghosts hold no states,
         so `checkpointed` is always False.
         """
-        node, pos, size = self.root, 0, len(tokens)
+        top = self.root if namespace is None else self._spaces.get(namespace)
+        if top is None:
+            return Branch(0, True, False, 0, 0)  # nothing remembered there: an empty root's
+        node, pos, size = top, 0, len(tokens)
         while pos < size:
             child = node.children.get(tokens.head(pos))
             if child is None:
@@ -86,13 +96,15 @@ class GhostIndex:
 
     # ------------------------------------------------------------------ updates
 
-    def remember(self, tokens: TokenSeq) -> None:
-        """Add a finished sequence (or refresh it), then forget the least recent ones that do
-        not fit."""
+    def remember(self, tokens: TokenSeq, namespace: str | None = None) -> None:
+        """Add a finished sequence of `namespace` (or refresh it), then forget the least recent
+        ones that do not fit."""
         if len(tokens) > self.capacity:
             tokens = tokens.slice(0, self.capacity)
+        if namespace is not None and not len(tokens):
+            return  # nothing to remember, and no root to make for it
         self._clock += 1
-        node, pos, size = self.root, 0, len(tokens)
+        node, pos, size = self._root_for(namespace), 0, len(tokens)
         while pos < size:
             child = node.children.get(tokens.head(pos))
             if child is None:
@@ -102,13 +114,24 @@ class GhostIndex:
                 child = self._split(child, n)
             child.last_use = self._clock
             node, pos = child, pos + n
-        if pos < size and not node.children and node is not self.root:
+        if pos < size and not node.children and node.parent is not None:
             self._grow(node, tokens.slice(pos))  # a continuation of a remembered sequence
         elif pos < size:
             node = self._add(node, tokens.slice(pos))
-        elif not node.children and node is not self.root:
+        elif not node.children and node.parent is not None:
             heapq.heappush(self._leaves, (self._clock, node.id))
         self._shrink()
+
+    def _root_for(self, namespace: str | None) -> _Entry:
+        """The root of `namespace`'s sequences, made on its first sequence."""
+        if namespace is None:
+            return self.root
+        root = self._spaces.get(namespace)
+        if root is None:
+            root = _Entry(self._new_id(), TokenSeq(b""), None, 0, 0)
+            self._spaces[namespace] = root
+            self._space_names[root.id] = namespace
+        return root
 
     def _add(self, parent: _Entry, key: TokenSeq) -> _Entry:
         leaf = _Entry(self._new_id(), key, parent, parent.end + len(key), self._clock)
@@ -152,8 +175,12 @@ class GhostIndex:
             del parent.children[leaf.key.head(0)]
             del self._entries[entry_id]
             self._held -= len(leaf.key)
-            if parent is not self.root and not parent.children:
+            if parent.children:
+                continue
+            if parent.parent is not None:
                 heapq.heappush(self._leaves, (parent.last_use, parent.id))
+            elif parent is not self.root:  # a namespace's last sequence: its root goes too
+                del self._spaces[self._space_names.pop(parent.id)]
         if len(self._leaves) > 2 * len(self._entries) + 64:  # drop stale keys now and then
             self._leaves = [(e.last_use, e.id) for e in self._entries.values() if not e.children]
             heapq.heapify(self._leaves)
@@ -166,7 +193,10 @@ class GhostIndex:
 
     def check_integrity(self) -> None:
         """Links, positions and the token count agree; the count is within capacity."""
-        held, seen, stack = 0, 0, [self.root]
+        for name, root in self._spaces.items():
+            assert self._space_names.get(root.id) == name and root.children, f"root {name!r}"
+        assert len(self._space_names) == len(self._spaces), "ghost namespace names out of step"
+        held, seen, stack = 0, 0, [self.root, *self._spaces.values()]
         while stack:
             node = stack.pop()
             for head, child in node.children.items():

@@ -63,6 +63,11 @@ class PrefixCache:
     `serve` is the sequential simulator written on these. The SGLang backend, whose scheduler
     owns locks and pages, uses `lookup`/`admit` without a lock, `pin`/`unpin` for the nodes
     SGLang locks, and `reach`/`store` to insert the slots SGLang computed.
+
+    Requests of different namespaces (LoRA adapters, cache salts: radix/spaces.py) never share:
+    `lookup`, `admit`, `reach`, `store`, `finish` and `serve` take the request's `namespace`
+    (None, the default, for a request without one). One memory and one eviction policy serve
+    them all.
     """
 
     def __init__(
@@ -143,10 +148,10 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ the lifecycle
 
-    def lookup(self, tokens: TokenSeq) -> MatchResult:
-        """Longest prefix of `tokens` every layer group can reuse. Records nothing: a driver
-        may look up a request it then leaves waiting."""
-        return self.tree.match(tokens)
+    def lookup(self, tokens: TokenSeq, namespace: str | None = None) -> MatchResult:
+        """Longest prefix of `tokens` in `namespace` every layer group can reuse. Records
+        nothing: a driver may look up a request it then leaves waiting."""
+        return self.tree.match(tokens, namespace)
 
     def admit(
         self,
@@ -157,17 +162,23 @@ class PrefixCache:
         owner: int = 0,
         lock: bool = False,
         ahead: Walk | None = None,
+        namespace: str | None = None,
     ) -> Lease:
         """Take a request whose input `tokens` `lookup` matched as `found`: record the hit,
         plan its checkpoints for input + output of `total_len` tokens (None: plan nothing,
         the driver decides what it inserts), and with `lock` protect its prefix until
         `release`. `ahead`: the walk of the whole sequence the request will store, when
         nothing changes the tree before its commit (sequential serving); the lock then covers
-        the part of it the plan stores."""
+        the part of it the plan stores. `namespace`: the one `lookup` matched in, where the
+        lease's sequence is stored."""
         now = self.tick()
         self.tree.touch(found, now, ahead)
-        plan = CheckpointPlan() if total_len is None else self.plan(tokens, found, total_len, ahead)
-        lease = Lease(tokens, found, plan, owner, now, ahead)
+        plan = (
+            CheckpointPlan()
+            if total_len is None
+            else self.plan(tokens, found, total_len, ahead, namespace)
+        )
+        lease = Lease(tokens, found, plan, owner, now, ahead, namespace)
         if lock:
             lease._locked = True
             if ahead is None:
@@ -183,7 +194,12 @@ class PrefixCache:
         return lease
 
     def plan(
-        self, tokens: TokenSeq, result: MatchResult, total_len: int, ahead: Walk | None = None
+        self,
+        tokens: TokenSeq,
+        result: MatchResult,
+        total_len: int,
+        ahead: Walk | None = None,
+        namespace: str | None = None,
     ) -> CheckpointPlan:
         """The admission's plan for input `tokens` matched as `result`, `total_len` tokens with
         the output. `ahead`: the walk of the whole sequence, which an admission that
@@ -198,7 +214,7 @@ class PrefixCache:
             walk = ahead.prefix(total_len)
         else:
             walk = result.walk
-        branch = self.admission.recall(tokens, walk.branch())
+        branch = self.admission.recall(tokens, walk.branch(), namespace)
         return self.on_pages(
             self.admission.plan(branch, len(tokens), total_len, result.length), result.length
         )
@@ -252,17 +268,24 @@ class PrefixCache:
         lease._anchor = lease._start = None
         if seq is not None:
             cached_len = lease.plan.cache_len if lease.cached else 0
-            self.finish(seq, cached_len, lease.plan.expendable_from)
+            self.finish(seq, cached_len, lease.plan.expendable_from, lease.namespace)
 
-    def finish(self, seq: TokenSeq, cached_len: int, expendable_from: int | None) -> None:
-        """A request is done (`seq` = input + output, of which the tree got the first
-        `cached_len` tokens): hand the cached part past `expendable_from` (its plan's) to the
-        eviction policy, and let the admission remember the sequence."""
+    def finish(
+        self,
+        seq: TokenSeq,
+        cached_len: int,
+        expendable_from: int | None,
+        namespace: str | None = None,
+    ) -> None:
+        """A request of `namespace` is done (`seq` = input + output, of which the tree got the
+        first `cached_len` tokens): hand the cached part past `expendable_from` (its plan's) to
+        the eviction policy, and let the admission remember the sequence."""
         if expendable_from is not None and expendable_from < cached_len:
-            chain = self.tree.chain_below(seq.slice(0, cached_len), expendable_from)
+            key = seq.slice(0, cached_len)
+            chain = self.tree.chain_below(key, expendable_from, namespace)
             if chain:
                 self.eviction.expend(chain)
-        self.admission.finished(seq)
+        self.admission.finished(seq, namespace)
 
     # ------------------------------------------------------------------ SGLang's side
 
@@ -282,10 +305,11 @@ class PrefixCache:
             return node
         return self.tree.split(node, found.length - node.start)
 
-    def reach(self, key: TokenSeq, start: Node | None = None) -> Walk:
-        """How much of `key` the tree holds: the walk a `store` of it then inserts along.
-        `start`: a node the caller holds locked on `key`'s path (`RadixTree.walk`)."""
-        return self.tree.walk(key, start)
+    def reach(self, key: TokenSeq, start: Node | None = None, namespace: str | None = None) -> Walk:
+        """How much of `key` the tree holds in `namespace`: the walk a `store` of it then
+        inserts along. `start`: a node the caller holds locked on `key`'s path
+        (`RadixTree.walk`)."""
+        return self.tree.walk(key, start, namespace)
 
     def store(
         self,
@@ -294,13 +318,15 @@ class PrefixCache:
         kv: list[Pages],
         states: dict[int, Pages],
         start: int | None = None,
+        namespace: str | None = None,
     ) -> Node:
-        """Insert `key` along `walk` (`reach`'s, the tree unchanged on its path since) with
-        the caller's pages for [start, len(key)) (default: walk.length, what the tree lacks)
-        and checkpoints; the node ending at len(key). Pages for positions the tree holds are
-        freed, or revive its dropped window pages (radix/insert.py)."""
+        """Insert `key` in `namespace` along `walk` (`reach`'s in that namespace, the tree
+        unchanged on its path since) with the caller's pages for [start, len(key)) (default:
+        walk.length, what the tree lacks) and checkpoints; the node ending at len(key). Pages
+        for positions the tree holds are freed, or revive its dropped window pages
+        (radix/insert.py)."""
         begin = walk.length if start is None else start
-        return self.tree.insert(key, begin, kv, states, self.tick(), walk=walk)
+        return self.tree.insert(key, begin, kv, states, self.tick(), walk, namespace)
 
     def evict(self, ptype: PageType) -> bool:
         """Evict the eviction policy's next victim, as the memory does when short of `ptype`."""
@@ -329,8 +355,14 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ sequential serving
 
-    def serve(self, input_tokens: TokenSeq, output_tokens: TokenSeq, owner: int) -> ServeResult:
-        """Serve one request to completion (Marconi's sequential method).
+    def serve(
+        self,
+        input_tokens: TokenSeq,
+        output_tokens: TokenSeq,
+        owner: int,
+        namespace: str | None = None,
+    ) -> ServeResult:
+        """Serve one request of `namespace` to completion (Marconi's sequential method).
 
         lookup(input) -> admit (plan checkpoints) -> compute the missing tokens -> commit
         (input + output) -> release. The tokens the tree already holds stay locked while the
@@ -339,7 +371,7 @@ class PrefixCache:
         seq = input_tokens.concat(output_tokens)
         # One walk of input + output serves the match (its first len(input) tokens) and the
         # insert (its first cache_len tokens): the insert's path stays locked in between.
-        walk = self.tree.walk(seq)
+        walk = self.tree.walk(seq, namespace=namespace)
         whole = len(input_tokens) - len(input_tokens) % self.tree.page  # a hit is whole pages
         found = self.tree.match_walk(walk.prefix(whole))
         host = self.tree.host
@@ -350,7 +382,13 @@ class PrefixCache:
             if prepared is not None:
                 walk, found, loaded = prepared
         lease = self.admit(
-            input_tokens, found, len(seq), owner=owner, lock=self.lock_prefix, ahead=walk
+            input_tokens,
+            found,
+            len(seq),
+            owner=owner,
+            lock=self.lock_prefix,
+            ahead=walk,
+            namespace=namespace,
         )
         positions = lease.plan.positions if self.tree.state_type is not None else ()
         hit = found.length

@@ -42,7 +42,7 @@ def insert_walked(
     except OutOfMemory:
         return False
     mapping = dict(zip(positions, states, strict=True))
-    cache.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
+    cache.tree.insert(key, walk.length, kv, mapping, now, walk=walk, namespace=lease.namespace)
     return True
 
 
@@ -68,8 +68,8 @@ def insert_extended(
     cache.free(None, states[len(positions) :])
     lease._kv, lease._states = [], []
     mapping = dict(zip(positions, states, strict=False))
-    walk = cache.tree.walk(key, lease._start)
-    cache.tree.insert(key, lease.hit, kv, mapping, now, walk=walk)
+    walk = cache.tree.walk(key, lease._start, lease.namespace)
+    cache.tree.insert(key, lease.hit, kv, mapping, now, walk=walk, namespace=lease.namespace)
     return True
 
 
@@ -95,11 +95,11 @@ def insert_unlocked(
     walked: tuple[int, bool] | None = None  # (length, inside an edge) of the last walk
     try:
         while True:
-            walk = cache.tree.walk(key)
+            walk = cache.tree.walk(key, namespace=lease.namespace)
             inside_edge = not walk.branch().at_node_end
             shape = (walk.length, inside_edge)
             if walked is not None and shape != walked:
-                positions = _replan(cache, lease.tokens, walk, lease.hit, len(key))
+                positions = _replan(cache, lease, walk, len(key))
             walked = shape
             missing = len(key) - walk.length - held
             if missing > 0:
@@ -122,7 +122,7 @@ def insert_unlocked(
     if kv is None:
         kv = cache.allocate_kv(0, lease._owner)
     mapping = dict(zip(positions, states, strict=True))
-    cache.tree.insert(key, walk.length, kv, mapping, now, walk=walk)
+    cache.tree.insert(key, walk.length, kv, mapping, now, walk=walk, namespace=lease.namespace)
     return True
 
 
@@ -137,12 +137,14 @@ def _reserved_states(cache: PrefixCache, inside_edge: bool) -> int:
     return 1 + inside_edge
 
 
-def _replan(cache: PrefixCache, inp: TokenSeq, walk: Walk, hit: int, total: int) -> tuple[int, ...]:
-    """Checkpoint positions for the tree as it now is. The prefill ran from `hit`, but the
-    eviction may have taken the checkpoints up to it: the plan counts only those the tree
-    still holds as had (the state at `hit` itself is at hand, so it may be stored again)."""
+def _replan(cache: PrefixCache, lease: Lease, walk: Walk, total: int) -> tuple[int, ...]:
+    """Checkpoint positions for the tree as it now is. The prefill ran from the lease's hit,
+    but the eviction may have taken the checkpoints up to it: the plan counts only those the
+    tree still holds as had (the state at the hit itself is at hand, so it may be stored
+    again)."""
+    inp, hit = lease.tokens, lease.hit
     own = walk if cache.admission.plans_on_sequence else walk.prefix(len(inp))
-    branch = cache.admission.recall(inp, own.branch())
+    branch = cache.admission.recall(inp, own.branch(), lease.namespace)
     had = max((p for p in walk.checkpoints() if p <= hit), default=0)
     plan = cache.on_pages(cache.admission.plan(branch, len(inp), total, had), had)
     return plan.positions if cache.tree.state_type is not None else ()

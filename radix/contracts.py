@@ -192,14 +192,17 @@ class AdmissionPolicy(ABC):
         `total_len`. `branch` says where the input (with `plans_on_sequence`, input + output)
         leaves the tree (speculative insertion), or what `recall` made of that."""
 
-    def recall(self, tokens: TokenSeq, branch: Branch) -> Branch:
-        """The branch to plan `tokens` with, given where they leave the tree. A policy that
-        remembers sequences the tree has evicted may return a deeper one; by default the
-        tree's."""
+    def recall(self, tokens: TokenSeq, branch: Branch, namespace: str | None = None) -> Branch:
+        """The branch to plan `tokens` with, given where they leave the tree (in the request's
+        `namespace`, radix/spaces.py). A policy that remembers sequences the tree has evicted
+        may return a deeper one, found among the sequences of that namespace only; by default
+        the tree's."""
         return branch
 
-    def finished(self, tokens: TokenSeq) -> None:  # noqa: B027 - optional hook
-        """A request is done: `tokens` is its input + output (cached or not)."""
+    def finished(  # noqa: B027 - optional hook
+        self, tokens: TokenSeq, namespace: str | None = None
+    ) -> None:
+        """A request of `namespace` is done: `tokens` is its input + output (cached or not)."""
 
 
 class Branch(NamedTuple):

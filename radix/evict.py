@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import PageType
+from jenga_sglang.radix.spaces import forget_if_empty
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.tree import RadixTree
@@ -40,7 +41,7 @@ def evict_for(tree: RadixTree, ptype: PageType) -> bool:
 
 def evict_leaf(tree: RadixTree, node: Node) -> None:
     """Free everything an unlocked leaf holds and remove it (a run: all its segments)."""
-    if node is tree.root or node.children or node.lock_ref:
+    if node.parent is None or node.children or node.lock_ref:
         raise ValueError(f"cannot evict {node!r}: only unlocked leaves are evicted whole")
     for slot, ptype in enumerate(tree.kv_types):
         if len(node.kv[slot]):
@@ -58,8 +59,10 @@ def evict_leaf(tree: RadixTree, node: Node) -> None:
     node.parent = None
     tree.policy.remove(node)
     tree.evicted_nodes += 1 + len(node.inner)
-    if parent is not tree.root:
+    if parent.parent is not None:
         tree.policy.update(parent)
+    elif not parent.children:
+        forget_if_empty(tree, parent)  # a namespace's last node: its root goes too
 
 
 def _evict_last_segment(tree: RadixTree, run: Node) -> None:

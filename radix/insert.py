@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
+from jenga_sglang.radix.spaces import root_for
 from jenga_sglang.radix.tokens import TokenSeq
 
 if TYPE_CHECKING:
@@ -26,8 +27,10 @@ def insert(
     states: dict[int, Pages],
     now: int,
     walk: Walk | None = None,
+    namespace: str | None = None,
 ) -> Node:
-    """Cache `key`. The caller hands over pages it owns (used pages):
+    """Cache `key` in `namespace` (None: the default one; spaces.py). The caller hands over
+    pages it owns (used pages):
 
         key:  [0 ........ start) [start .................... len(key))
                pages borrowed     kv[g]: the caller's pages (sliding-window groups may
@@ -44,13 +47,16 @@ def insert(
     """
     _validate_insert(tree, key, start, kv, states)
     if walk is None:
-        walk = tree.walk(key)
+        walk = tree.walk(key, namespace=namespace)
     if walk.length < start:
         raise ValueError(
             f"insert claims {start} cached tokens but the tree holds only {walk.length} "
             "(lock the matched prefix while computing the rest)"
         )
-    node = _node_ending_at(tree, walk)
+    # A walk that found nothing starts at the namespace's root, made now if it has none (the
+    # walk's own root may have been dropped since, when eviction emptied it).
+    top = tree.root if namespace is None else root_for(tree, namespace)
+    node = _node_ending_at(tree, walk, top)
     kv = _free_duplicates(tree, key, start, walk.length, kv, node)
     held = {p: st for p, st in states.items() if p <= walk.length}
     if walk.length < len(key):
@@ -60,7 +66,7 @@ def insert(
         else:
             new = {p - walk.length: st for p, st in states.items() if p > walk.length}
             node = _add_leaf(tree, node, key.slice(walk.length), kv, now, new)
-    _attach_states(tree, key, held, now, walk)
+    _attach_states(tree, key, held, now, walk, top)
     return node
 
 
@@ -98,10 +104,11 @@ def _validate_insert(
             raise ValueError(f"a checkpoint is one state page, got {len(state)}")
 
 
-def _node_ending_at(tree: RadixTree, walk: Walk) -> Node:
-    """The node ending exactly where `walk` stops, splitting its last node if needed."""
+def _node_ending_at(tree: RadixTree, walk: Walk, top: Node) -> Node:
+    """The node ending exactly where `walk` stops, splitting its last node if needed (`top`,
+    the root of the walk's namespace, when it stops there)."""
     if not walk.path:
-        return tree.root
+        return top
     last = walk.path[-1]
     if last.end > walk.length:
         return tree.split(last, walk.length - last.start)
@@ -109,13 +116,12 @@ def _node_ending_at(tree: RadixTree, walk: Walk) -> Node:
 
 
 def _descend_splitting(
-    tree: RadixTree, key: TokenSeq, length: int, node: Node | None = None, pos: int = 0
+    tree: RadixTree, key: TokenSeq, length: int, node: Node, pos: int = 0
 ) -> Node:
     """The node ending exactly at `length` along `key` (which the tree holds), splitting.
 
-    Starts from `node`, which ends at `pos` on the same path (the root by default).
+    Starts from `node`, which ends at `pos` on the same path (a root, at 0).
     """
-    node = tree.root if node is None else node
     while pos < length:
         child = node.children[key.head(pos, tree.page)]
         if pos + len(child.key) > length:
@@ -124,14 +130,17 @@ def _descend_splitting(
     return node
 
 
-def chain_below(tree: RadixTree, key: TokenSeq, at: int) -> list[Node]:
-    """The nodes holding `key`'s tokens [at, len(key)), top-down, when nothing else passes
-    there (each has one child, the last is a leaf ending at len(key)); else []. The node
-    holding position `at` is split so that a node starts exactly there. The tree must
-    hold all of `key` (it was just inserted)."""
-    if not 0 < at < len(key):
+def chain_below(
+    tree: RadixTree, key: TokenSeq, at: int, namespace: str | None = None
+) -> list[Node]:
+    """The nodes holding `key`'s tokens [at, len(key)) in `namespace`, top-down, when nothing
+    else passes there (each has one child, the last is a leaf ending at len(key)); else [].
+    The node holding position `at` is split so that a node starts exactly there. The tree
+    must hold all of `key` (it was just inserted)."""
+    top = tree.top(namespace)
+    if not 0 < at < len(key) or top is None:
         return []
-    node = _descend_splitting(tree, key, at)
+    node = _descend_splitting(tree, key, at, top)
     chain: list[Node] = []
     while node.end < len(key):
         if chain and len(node.children) != 1:
@@ -142,13 +151,13 @@ def chain_below(tree: RadixTree, key: TokenSeq, at: int) -> list[Node]:
 
 
 def _attach_states(
-    tree: RadixTree, key: TokenSeq, states: dict[int, Pages], now: int, walk: Walk
+    tree: RadixTree, key: TokenSeq, states: dict[int, Pages], now: int, walk: Walk, top: Node
 ) -> None:
     """Attach checkpoints in one walk down the path (positions ascending), each descent
-    starting from the deepest node of `walk` that ends at or above it: those nodes are on
-    `key`'s path still (an insert only splits them, and grows the last), so the tokens above
-    them are not compared again."""
-    node, pos = tree.root, 0
+    starting from the deepest node of `walk` that ends at or above it (else from `top`, the
+    namespace's root): those nodes are on `key`'s path still (an insert only splits them,
+    and grows the last), so the tokens above them are not compared again."""
+    node, pos = top, 0
     for at in sorted(states):
         for held in walk.path:
             if pos < held.end <= at:
@@ -198,7 +207,7 @@ def _revive_windows(
     spare: list[Pages] = []
     taken_to = first + len(pages)  # pages[: taken_to - first] not yet handed out
     n: Node | None = node
-    while n is not None and n is not tree.root and n.end > first:
+    while n is not None and n.parent is not None and n.end > first:
         tomb = n.tombstones[slot]
         lo, hi = max(n.start, first), n.start + tomb
         if lo < hi:
@@ -274,7 +283,7 @@ def _add_leaf(
             created.state = state
             tree.memory.mark_evictable(tree.state_type, state)
         tree.policy.update(created)
-    if parent is not tree.root:
+    if parent.parent is not None:  # not a root
         tree.policy.update(parent)
     return leaf
 
@@ -291,7 +300,7 @@ def _can_grow(tree: RadixTree, node: Node, kv: list[Pages]) -> bool:
     """
     return (
         tree.state_type is not None
-        and node is not tree.root
+        and node.parent is not None
         and node.is_leaf
         and node.state is None
         and not node.host_children  # host children hang at its end (radix/host.py)
@@ -318,7 +327,7 @@ def _grow_leaf(tree: RadixTree, node: Node, key: TokenSeq, kv: list[Pages], now:
 
 def _attach_state(tree: RadixTree, node: Node, state: Pages, now: int) -> None:
     assert tree.state_type is not None
-    if node is tree.root or node.state is not None:
+    if node.parent is None or node.state is not None:
         tree.memory.free(tree.state_type, state)  # already checkpointed there
         return
     if node.host_state is not None:

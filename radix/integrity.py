@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING
 
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import IdPages, PageType
+from jenga_sglang.radix.spaces import check_spaces
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.tree import RadixTree
 
 
 def check_tree(tree: RadixTree) -> None:
-    """Assert links, locks, pages and conservation (see tree.py) over the whole tree."""
+    """Assert links, locks, pages and conservation (see tree.py) over the whole tree, every
+    namespace's subtree included (spaces.py)."""
+    check_spaces(tree)
     memory = tree.memory
     evictable = dict.fromkeys(memory.page_types, 0)
     owned: dict[PageType, set[int]] = {t: set() for t in memory.page_types}

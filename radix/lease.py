@@ -38,6 +38,7 @@ class Lease:
         "_states",
         "cached",
         "found",
+        "namespace",
         "plan",
         "tokens",
     )
@@ -50,8 +51,10 @@ class Lease:
         owner: int,
         now: int,
         ahead: Walk | None,
+        namespace: str | None = None,
     ) -> None:
         self.tokens = tokens
+        self.namespace = namespace  # where its sequence is looked up and stored (spaces.py)
         self.found = found
         self.plan = plan
         self.cached = False  # set by a commit that stored the sequence

@@ -13,6 +13,11 @@ The walk then counts only whole pages in common, so every node boundary, hit, sp
 checkpoint lies on a page boundary and no page is ever held by two nodes; inserted keys must
 be whole pages.
 
+Namespaces (spaces.py): requests of different namespaces (LoRA adapters, cache salts) never
+share a prefix. Each named namespace is a root of its own beside `root` (the default
+namespace), so look-ups and inserts take a `namespace` (None: the default one) and start at
+its root; everything below a root, and eviction over all of them, is namespace-blind.
+
 Invariants (checked by `check_integrity`, in integrity.py):
 * links: every child is keyed by its first page, `start == parent.end`,
   `end == start + len(key)`, keys non-empty and, with pages of several tokens, whole pages;
@@ -53,7 +58,7 @@ from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, Evictor
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import IdPages, PageKind, Pages, PageType
+from jenga_sglang.radix.pages import PageKind, Pages, PageType
 from jenga_sglang.radix.rules import (
     FullAttentionRule,
     GroupRule,
@@ -61,6 +66,7 @@ from jenga_sglang.radix.rules import (
     SlidingWindowRule,
     longest_common_valid,
 )
+from jenga_sglang.radix.spaces import every_node, new_root
 from jenga_sglang.radix.tokens import TokenSeq
 
 if TYPE_CHECKING:
@@ -87,15 +93,9 @@ class RadixTree(Evictor):
         self.rules: tuple[GroupRule, ...] = self._build_rules()
         self.keeps_runs = policy.evicts_runs
         self._next_id = 1
-        self.root = Node(
-            0,
-            TokenSeq(b""),
-            None,
-            [IdPages([]) for _ in self.attention],
-            [0] * len(self.attention),
-            now=0,
-        )
-        self.root.lock_ref = 1  # the root is never evicted
+        self.root = new_root(self, 0)  # the default namespace's
+        self.spaces: dict[str, Node] = {}  # the named namespaces' roots (spaces.py)
+        self.space_names: dict[int, str] = {}  # a named root's id -> its namespace
         memory.set_evictor(self)
         self.evicted_nodes = 0
         self.evicted_states = 0
@@ -114,16 +114,25 @@ class RadixTree(Evictor):
 
     # ------------------------------------------------------------------ look-ups
 
-    def walk(self, key: TokenSeq, start: Node | None = None) -> Walk:
-        """How many leading tokens of `key` the tree holds, ignoring hit rules. Nothing changes
-        but the shape: runs along the way are cut into their chain's nodes (Runs, above).
+    def top(self, namespace: str | None) -> Node | None:
+        """The root of `namespace` (None: the default one, `root`); None when it holds nothing."""
+        return self.root if namespace is None else self.spaces.get(namespace)
+
+    def walk(self, key: TokenSeq, start: Node | None = None, namespace: str | None = None) -> Walk:
+        """How many leading tokens of `key` the tree holds in `namespace`, ignoring hit rules.
+        Nothing changes but the shape: runs along the way are cut into their chain's nodes
+        (Runs, above).
 
         `start`: a node known to hold `key`'s first `start.end` tokens, no run, on a path no
         walk would cut (a request's locked node: its match walked there, and locked nodes are
         never merged into runs). The walk compares tokens only below it, so a request's later
-        inserts do not compare its long cached prefix again."""
-        node, pos, path, size = self.root, 0, [], len(key)
-        if start is not None and start is not self.root:
+        inserts do not compare its long cached prefix again (`namespace` is then the one
+        `start` lies in, or None)."""
+        top = self.root if namespace is None else self.spaces.get(namespace)
+        if top is None:
+            return Walk(0, ())  # a namespace with nothing cached
+        node, pos, path, size = top, 0, [], len(key)
+        if start is not None and start is not top:
             if start.inner or start.end > size or start.lock_ref <= 0:
                 raise ValueError(f"walk from {start!r}: not a locked node on the key's path")
             node, pos, path = start, start.end, start.path_from_root()
@@ -159,9 +168,10 @@ class RadixTree(Evictor):
             chain.append(run)
         return chain
 
-    def match(self, key: TokenSeq) -> MatchResult:
-        """Longest prefix of `key` valid for every layer group (no side effects but `walk`'s)."""
-        return self.match_walk(self.walk(key))
+    def match(self, key: TokenSeq, namespace: str | None = None) -> MatchResult:
+        """Longest prefix of `key` in `namespace` valid for every layer group (no side effects
+        but `walk`'s)."""
+        return self.match_walk(self.walk(key, namespace=namespace))
 
     def match_walk(self, walk: Walk) -> MatchResult:
         """`match` for a key already walked."""
@@ -182,9 +192,10 @@ class RadixTree(Evictor):
     # ------------------------------------------------------------------ locks
 
     def lock(self, node: Node | None) -> None:
-        """Protect `node` and its ancestors from eviction until `unlock`."""
+        """Protect `node` and its ancestors from eviction until `unlock` (its namespace's root,
+        like the tree's, is never evicted: the walk up stops below it)."""
         current = node
-        while current is not None and current is not self.root:
+        while current is not None and current.parent is not None:
             current.lock_ref += 1
             if current.lock_ref == 1:
                 self._set_pages_used(current, used=True)
@@ -201,7 +212,7 @@ class RadixTree(Evictor):
         if node.parent is None and node is not self.root:
             raise ValueError(f"unlock of {node!r}: it is no longer in the tree")
         current: Node | None = node
-        while current is not None and current is not self.root:
+        while current is not None and current.parent is not None:
             current.lock_ref -= 1
             if current.lock_ref == 0:
                 self._set_pages_used(current, used=False)
@@ -240,14 +251,15 @@ class RadixTree(Evictor):
         states: dict[int, Pages],
         now: int,
         walk: Walk | None = None,
+        namespace: str | None = None,
     ) -> Node:
-        """Cache `key`, the caller's pages for [start, len(key)) and its checkpoints; the node
-        ending at len(key) (radix/insert.py `insert`)."""
-        return insert(self, key, start, kv, states, now, walk)
+        """Cache `key` in `namespace`, the caller's pages for [start, len(key)) and its
+        checkpoints; the node ending at len(key) (radix/insert.py `insert`)."""
+        return insert(self, key, start, kv, states, now, walk, namespace)
 
-    def chain_below(self, key: TokenSeq, at: int) -> list[Node]:
+    def chain_below(self, key: TokenSeq, at: int, namespace: str | None = None) -> list[Node]:
         """The nodes holding only `key`'s tokens [at, len(key)) (radix/insert.py)."""
-        return chain_below(self, key, at)
+        return chain_below(self, key, at, namespace)
 
     # ------------------------------------------------------------------ shape
 
@@ -317,7 +329,9 @@ class RadixTree(Evictor):
     # ------------------------------------------------------------------ integrity
 
     def nodes(self) -> Iterator[Node]:
-        """Every node but the root."""
+        """Every node but the roots, of every namespace."""
+        if self.spaces:
+            return every_node(self)
         it = self.root.subtree()
         next(it)
         return it
