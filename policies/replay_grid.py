@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.tokens import TokenSeq
 
-#: A recorded request: (input tokens, output tokens).
-Recorded = tuple[TokenSeq, TokenSeq]
+#: A recorded request: (input tokens, output tokens, namespace), replayed in its namespace
+#: (None: the default one; radix/spaces.py) as the cache served it.
+Recorded = tuple[TokenSeq, TokenSeq, str | None]
 
 
 @contextmanager
@@ -53,8 +54,8 @@ def replay_score(snap: bytes, window: Sequence[Recorded], alpha: float) -> tuple
         cache: PrefixCache = pickle.loads(snap)
     cache.eviction.alpha = alpha
     saved, hits = 0.0, 0
-    for i, (inp, out) in enumerate(window):
-        result = cache.serve(inp, out, owner=-1 - i)
+    for i, (inp, out, namespace) in enumerate(window):
+        result = cache.serve(inp, out, owner=-1 - i, namespace=namespace)
         saved += result.flops_saved
         hits += result.hit_tokens
     return saved, hits

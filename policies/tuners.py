@@ -34,7 +34,6 @@ from jenga_sglang.policies.tuning import (
     tail_scores,
 )
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
-from jenga_sglang.radix.tokens import TokenSeq
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +78,11 @@ class MarconiTuner(AlphaTuner):
         self._first_eviction = 0  # N: requests seen at the first eviction; 0 before it
         self._done = False
 
-    def _observe(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
-    ) -> None:
+    def _observe(self, cache: PrefixCache, request: Recorded, served: ServeResult | None) -> None:
         if self._done:
             return
         if self.from_start:
-            self._observe_from_start(cache, inp, out, served)
+            self._observe_from_start(cache, request, served)
             return
         if self._snap is None:
             cache.eviction.alpha = 0.0
@@ -93,19 +90,19 @@ class MarconiTuner(AlphaTuner):
                 self._snap = self._snapshot(cache)
                 self._window_len = self.seen
             return
-        self._window.append((inp, out))
+        self._window.append(request)
         self._served.append(served)
         if len(self._window) >= self._window_len:
             self._finish(cache, self._snap)
 
     def _observe_from_start(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
+        self, cache: PrefixCache, request: Recorded, served: ServeResult | None
     ) -> None:
         if self._snap is None:  # the first request: the replays start after it
             cache.eviction.alpha = 0.0
             self._snap = self._snapshot(cache)
         else:
-            self._window.append((inp, out))
+            self._window.append(request)
             self._served.append(served)
         if not self._first_eviction and self._evicted(cache):
             self._first_eviction = self.seen
@@ -198,11 +195,9 @@ class SlidingTuner(AlphaTuner):
         self._steady = True  # one alpha served the whole window so far
         self._settled = 0.0  # the alpha the last window ended on
 
-    def _observe(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
-    ) -> None:
+    def _observe(self, cache: PrefixCache, request: Recorded, served: ServeResult | None) -> None:
         if self._snap is not None:
-            self._recorded.append((inp, out))
+            self._recorded.append(request)
             self._served.append(served)
             if len(self._recorded) >= self._check and not self.busy:
                 self._tune_window(cache, self._snap)

@@ -95,10 +95,16 @@ class AlphaTuner(ABC):
         self._alpha_before = 0.0
 
     def after_request(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None = None
+        self,
+        cache: PrefixCache,
+        inp: TokenSeq,
+        out: TokenSeq,
+        served: ServeResult | None = None,
+        namespace: str | None = None,
     ) -> None:
         """Called after each request the cache served; `served` is what `cache.serve` returned
-        when the driver served it sequentially (None otherwise, e.g. in engine replay).
+        when the driver served it sequentially (None otherwise, e.g. in engine replay), and
+        `namespace` the request's (replays serve it there).
 
         With a background worker, a replay in flight is adopted once it is due. The tuner goes
         on observing meanwhile (a window may still be growing), but submits nothing while
@@ -109,7 +115,7 @@ class AlphaTuner(ABC):
             outcome = self.background.collect(self.seen)
             if outcome is not None:
                 self._adopt(cache, outcome)
-        self._observe(cache, inp, out, served)
+        self._observe(cache, (inp, out, namespace), served)
 
     @property
     def busy(self) -> bool:
@@ -117,9 +123,7 @@ class AlphaTuner(ABC):
         return self.background is not None and self.background.busy
 
     @abstractmethod
-    def _observe(
-        self, cache: PrefixCache, inp: TokenSeq, out: TokenSeq, served: ServeResult | None
-    ) -> None:
+    def _observe(self, cache: PrefixCache, request: Recorded, served: ServeResult | None) -> None:
         """The tuner's own bookkeeping for one request (windows, snapshots, when to tune)."""
 
     def _tuned(self, cache: PrefixCache, tuned: bool, before: float) -> None:  # noqa: B027 (optional hook)

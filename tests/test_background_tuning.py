@@ -78,7 +78,7 @@ def test_a_growing_window_keeps_recording_while_its_replay_runs() -> None:
     inputs = [inp for inp, _ in trace]
     for window in replayed:
         start = next(i for i, inp in enumerate(inputs) if inp is window[0][0])
-        assert [inp for inp, _ in window] == inputs[start : start + len(window)]
+        assert [inp for inp, _, _ in window] == inputs[start : start + len(window)]
     first = [w for w in replayed if w[0][0] is replayed[0][0][0]]
     assert [len(w) for w in first] == [2, 5, 8, 16]  # 4 came while the first was in flight
 

@@ -14,6 +14,7 @@ from radix_helpers import hybrid_spec, make_cache, seq, toks
 from jenga_sglang.policies.branching import BranchLearningAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.ghost import GhostIndex
+from jenga_sglang.policies.replay_grid import replay_score, snapshot
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import EvictionPolicy
 from jenga_sglang.radix.pages import IdPages
@@ -116,6 +117,17 @@ def test_the_admission_recalls_branch_points_of_the_request_namespace_only() -> 
         found = cache.lookup(c, namespace)
         plan = cache.plan(c, found, len(c) + 1, namespace=namespace)
         assert plan.prefill_at == planned, namespace
+
+
+def test_the_tuner_replays_each_request_in_its_namespace() -> None:
+    cache = make_cache(hybrid_spec())
+    snap = snapshot(cache)
+    prompt, out = seq(0, 40), toks(900)
+    turn2 = prompt.concat(out).concat(seq(100, 5))
+    same = [(prompt, out, "a"), (turn2, out, "a")]
+    apart = [(prompt, out, "a"), (turn2, out, "b")]
+    assert replay_score(snap, same, 0.0)[1] == 41
+    assert replay_score(snap, apart, 0.0)[1] == 0
 
 
 def _ops(rng: random.Random, count: int = 150) -> list[tuple[str, str | None, TokenSeq]]:

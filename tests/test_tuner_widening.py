@@ -72,7 +72,7 @@ def _runner(scores: dict[float, int], asked: list[tuple[float, ...]]):  # type: 
 
 
 def test_alphas_past_the_grid_are_replayed_only_on_a_flat_grid():
-    window: list[Recorded] = [(TokenSeq.of([1, 2]), TokenSeq.of([3]))]
+    window: list[Recorded] = [(TokenSeq.of([1, 2]), TokenSeq.of([3]), None)]
     beyond = (1.5, 2.0)
     asked: list[tuple[float, ...]] = []
     uneven = _runner({0.0: 5, 1.0: 7, 1.5: 99, 2.0: 99}, asked)
