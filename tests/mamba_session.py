@@ -189,7 +189,9 @@ class Session:
 
     # ------------------------------------------------------------------ serving
 
-    def admit(self, inp: Sequence[int], max_new: int) -> Any:
+    def admit(self, inp: Sequence[int], max_new: int, **fields: Any) -> Any:
+        """A new `Req` (`fields`: more of its constructor's arguments, e.g. `cache_salt`,
+        `lora_id`, `extra_key`), matched, locked and given its slots."""
         sg = self.sg
         self.rid += 1
         req = sg.Req(
@@ -197,6 +199,7 @@ class Session:
             origin_input_text="",
             origin_input_ids=array("q", inp),
             sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
+            **fields,
         )
         req.init_next_round_input(self.cache)  # match_prefix(cow_mamba=True, req=req)
         req.lock = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req
@@ -241,10 +244,11 @@ class Session:
         self.sg.release_kv_cache(req, self.cache, checkpoint=True)
 
     def serve(
-        self, inp: Sequence[int], out: Sequence[int], cut_at: int | None = None
+        self, inp: Sequence[int], out: Sequence[int], cut_at: int | None = None, **fields: Any
     ) -> tuple[int, float | None]:
-        """Serve one request; returns its hit and the state its prefill started from."""
-        req = self.admit(inp, len(out))
+        """Serve one request (`fields`: as `admit`'s); returns its hit and the state its
+        prefill started from."""
+        req = self.admit(inp, len(out), **fields)
         hit = int(req.prefix_len)
         src = req.kv.mamba_cow_src_index
         seeded = None if src is None else self.read(int(src[0]))
@@ -258,26 +262,29 @@ class Session:
         req.kv.kv_committed_len = end
         req.kv.kv_allocated_len = end
 
-    def state_node(self, toks: Sequence[int], pos: int) -> Any:
+    def state_node(self, toks: Sequence[int], pos: int, namespace: str | None = None) -> Any:
+        """The node ending at `pos` along `toks` (in `namespace`: binding/namespaces.py)."""
         from jenga_sglang.radix.tokens import TokenSeq
 
-        for node in self.cache.cache.tree.walk(TokenSeq.of(list(toks))).path:
+        walk = self.cache.cache.tree.walk(TokenSeq.of(list(toks)), namespace=namespace)
+        for node in walk.path:
             if node.end == pos:
                 return node
         raise AssertionError(f"no node ends at {pos}")
 
-    def state_positions(self, toks: Sequence[int]) -> list[int]:
-        """Where the tree holds a state along `toks`."""
+    def state_positions(self, toks: Sequence[int], namespace: str | None = None) -> list[int]:
+        """Where the tree holds a state along `toks` (in `namespace`)."""
         from jenga_sglang.radix.tokens import TokenSeq
 
-        path = self.cache.cache.tree.walk(TokenSeq.of(list(toks))).path
+        path = self.cache.cache.tree.walk(TokenSeq.of(list(toks)), namespace=namespace).path
         return [node.end for node in path if node.state is not None]
 
-    def cached_length(self, toks: Sequence[int]) -> int:
-        """How many tokens of `toks` the tree holds KV for."""
+    def cached_length(self, toks: Sequence[int], namespace: str | None = None) -> int:
+        """How many tokens of `toks` the tree holds KV for (in `namespace`)."""
         from jenga_sglang.radix.tokens import TokenSeq
 
-        return int(self.cache.cache.tree.walk(TokenSeq.of(list(toks))).length)
+        walk = self.cache.cache.tree.walk(TokenSeq.of(list(toks)), namespace=namespace)
+        return int(walk.length)
 
     def slots_balance(self, *running: Any) -> None:
         """Every Mamba slot has exactly one owner: SGLang's free list, the tree, or a running

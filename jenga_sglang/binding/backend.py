@@ -48,6 +48,7 @@ from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_rows
 from jenga_sglang.binding.mamba_state import StateHandOver
 from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
+from jenga_sglang.binding.namespaces import dfs_weight_order, key_namespace
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.plans import Planned, RequestPlans, key_tokens, will_decode
 from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
@@ -168,8 +169,14 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         return self.cache.root
 
     def reset(self) -> None:
-        if self.cache.root.children:
+        if next(self.cache.nodes(), None) is not None:
             raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
+
+    def dfs_weight_order(self, node_handles: Any) -> list[int]:
+        """SGLang's `dfs-weight` schedule order, over every namespace (namespaces.py)."""
+        if not self.cache.tree.spaces:
+            return list(super().dfs_weight_order(node_handles))
+        return dfs_weight_order(self.cache.tree, node_handles)
 
     def _empty(self) -> MatchResult:
         root = self.root_node
@@ -186,15 +193,16 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         tokens = None if whole is None else key_tokens(params.key, whole)
         if whole is None or tokens is None:
             return self._empty()
-        found = self.cache.lookup(tokens)
-        planned = self._admit(params, found, whole)  # records the hit, plans the states
+        namespace = key_namespace(params.key)  # LoRA adapter / cache salt (plans.py)
+        found = self.cache.lookup(tokens, namespace)
+        planned = self._admit(params, found, whole, namespace)  # records the hit, plans
         self.hit_tokens += found.length
         # SGLang locks the node it gets back: one ending where the hit does (window pages of
         # the path before its last window may then be trimmed while it runs, radix/evict.py).
         anchor = self.cache.anchor(found)
         node = anchor if anchor is not None else self.root_node
         if params.req is not None:
-            self.plans.remember(params.req.rid, planned._replace(tokens=whole))
+            self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
         if params.cow_mamba and params.req is not None and found.state is not None:
             self._seed(params.req, found)
         self.sync_metrics()
@@ -219,7 +227,13 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             return None
         return self.captures.plan(batch_rows(reqs, lambda rid: self.plans.get(rid).positions))
 
-    def _admit(self, params: MatchPrefixParams, found: TreeMatch, whole: TokenSeq) -> Planned:
+    def _admit(
+        self,
+        params: MatchPrefixParams,
+        found: TreeMatch,
+        whole: TokenSeq,
+        namespace: str | None,
+    ) -> Planned:
         """Admit the match to the cache (the hit is recorded; SGLang takes the lock itself,
         `inc_lock_ref`): the exact positions our admission checkpoints during this prefill,
         and what of the finished sequence is expendable.
@@ -231,7 +245,8 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
                       |-- prefill: states captured at the planned positions --|
         """
         if self.state_type is None:
-            self.cache.admit(whole, found)  # plans nothing: SGLang decides what it inserts
+            # plans nothing: SGLang decides what it inserts
+            self.cache.admit(whole, found, namespace=namespace)
             return Planned()
         input_len = len(whole)
         # A prompt-end state is planned when decoding follows, and, captured in-pass, also when
@@ -241,7 +256,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             self.handover and self.handover.extra_buffer
         )
         ends = will_decode(params.req) or (params.req is not None and tracked_finish)
-        lease = self.cache.admit(whole, found, input_len + int(ends))
+        lease = self.cache.admit(whole, found, input_len + int(ends), namespace=namespace)
         return Planned.of(lease.plan, found.length, input_len)
 
     def _seed(self, req: Any, found: TreeMatch) -> None:
@@ -267,7 +282,8 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             result = InsertResult(prefix_len=0)
             result.mamba_exist = state is not None
             return result
-        done = self._adopt(tokens.truncated(whole), params.value, states)
+        namespace = key_namespace(params.key)
+        done = self._adopt(tokens.truncated(whole), params.value, states, namespace=namespace)
         result = InsertResult(prefix_len=done.present, total_len=whole, last_device_node=done.node)
         result.mamba_exist = state is not None and (not states or bool(done.refused))
         return result

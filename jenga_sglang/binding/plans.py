@@ -26,6 +26,7 @@ class Planned(NamedTuple):
     # of the request take their prefix without packing a long prompt again. Fill ids only grow
     # at the end (outputs), so the prefix stays the request's.
     tokens: TokenSeq | None = None
+    namespace: str | None = None  # the request's (binding/namespaces.py)
 
     def tokens_up_to(self, n: int, ids: Sequence[int]) -> TokenSeq:
         """The request's first `n` tokens: the packed ones when they reach n, else `ids`."""
@@ -50,17 +51,26 @@ class RequestPlans:
     def __init__(self, limit: int = MAX_PLANS) -> None:
         self.limit = limit
         self._plans: dict[str, Planned] = {}
+        # Requests with a plan in a named namespace (shared_prefill.py reads it); empty, and
+        # never touched, while no request has a namespace.
+        self.namespaced: set[str] = set()
 
     def remember(self, rid: str, planned: Planned) -> None:
         self._plans.pop(rid, None)  # re-matched: the newest plan goes to the back
         self._plans[rid] = planned
+        if planned.namespace is not None:
+            self.namespaced.add(rid)
+        elif self.namespaced:
+            self.namespaced.discard(rid)
         if len(self._plans) > self.limit:
-            del self._plans[next(iter(self._plans))]
+            self.pop(next(iter(self._plans)))
 
     def get(self, rid: str) -> Planned:
         return self._plans.get(rid, NOTHING)
 
     def pop(self, rid: str) -> Planned:
+        if self.namespaced:
+            self.namespaced.discard(rid)
         return self._plans.pop(rid, NOTHING)
 
     def __len__(self) -> int:
@@ -72,9 +82,9 @@ class RequestPlans:
 
 def key_tokens(params_key: Any, whole: TokenSeq | None = None) -> TokenSeq | None:
     """An SGLang match or insert key's tokens packed (`whole`: its token_ids, already packed);
-    None for a key the tree never shares."""
-    if getattr(params_key, "extra_key", None) is not None or len(params_key) == 0:
-        return None  # LoRA / salt namespaces are not modelled: never shared
+    None for an empty key. Its namespace: binding/namespaces.py `key_namespace`."""
+    if len(params_key) == 0:
+        return None
     if whole is not None:
         return whole.truncated(len(params_key))  # shares the bytes: no copy
     return TokenSeq.of(params_key.token_ids[: len(params_key)])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from jenga_sglang.binding.captures import PendingCaptures
 from jenga_sglang.binding.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.namespaces import request_namespace
 from jenga_sglang.binding.plans import Planned, RequestPlans
 from jenga_sglang.binding.sglang_slots import SglangSlots
 from jenga_sglang.binding.slot_tree import Adopted, SlotTree
@@ -53,9 +54,10 @@ class RequestPath:
         states: dict[int, int],
         start: Node | None = None,
         own_from: int | None = None,
+        namespace: str | None = None,
     ) -> Adopted:
-        """The tree adopts the slots (slot_tree.py); counted for the metrics."""
-        done = self.slot_tree.adopt(tokens, value, states, start, own_from)
+        """The tree adopts the slots in `namespace` (slot_tree.py); counted for the metrics."""
+        done = self.slot_tree.adopt(tokens, value, states, start, own_from, namespace)
         self.states_admitted += done.admitted
         return done
 
@@ -84,14 +86,16 @@ class RequestPath:
             if self.handover is not None:
                 self.handover.settle(req, finished, captured, taken=False)
             if finished:
-                self._finished(req, 0, planned)
+                self._finished(req, 0, planned, request_namespace(req))
             return
+        namespace = request_namespace(req)  # the pair its match key carried (plans.py)
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         tokens = planned.tokens_up_to(whole, req.full_untruncated_fill_ids)
         # The row's slots are read as they are (int32): only the new ones become ids, so a
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
         own = req.kv.cache_protected_len  # the row's slots before it are the tree's
-        done = self._adopt(tokens, row[:whole], states, self._walk_start(req, whole), own)
+        start = self._walk_start(req, whole)
+        done = self._adopt(tokens, row[:whole], states, start, own, namespace)
         refused = done.refused
         lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
         if lost:
@@ -101,7 +105,7 @@ class RequestPath:
             self.handover.settle(req, finished, captured, taken=taken)
         self._repoint(req, done)
         if finished:
-            self._finished(req, len(tokens), planned)
+            self._finished(req, len(tokens), planned, namespace)
         self.sync_metrics()
 
     def _walk_start(self, req: Any, size: int) -> Node | None:
@@ -137,14 +141,14 @@ class RequestPath:
         req.mamba_branching_seqlen = next((p for p in planned.positions if p > up_to), None)
         return captured
 
-    def _finished(self, req: Any, cached_len: int, planned: Planned) -> None:
+    def _finished(self, req: Any, cached_len: int, planned: Planned, namespace: str | None) -> None:
         """The request is done: its expendable tail to the policy, its sequence to the
-        admission's memory and the tuner."""
+        admission's memory and the tuner, each in the request's `namespace`."""
         inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
         out = TokenSeq.of(req.output_ids)
-        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from)
+        self.cache.finish(inp.concat(out), cached_len, planned.expendable_from, namespace)
         if self.tuner is not None:
-            self.tuner.after_request(self.cache, inp, out)
+            self.tuner.after_request(self.cache, inp, out, namespace=namespace)
 
     def _repoint(self, req: Any, done: Adopted) -> None:
         """Point the request's row at the tree's slots (slot_tree.py) and move its lock to

@@ -26,6 +26,12 @@ prefix check makes for its own cache. Waiting ends: a capture is in flight only 
 checkpoint of its request takes it or its release drops it, and once it is in the tree the
 request's hit reaches p, so p saves nothing more. A held-back request gives back the Mamba slot
 its match staged, as SGLang does for a request it does not admit.
+
+Only requests of one namespace (LoRA adapter, cache salt: binding/namespaces.py) count as
+sharing: another namespace's capture never enters this request's subtree, and waiting for it
+would tell the request, by its delay, what another tenant is prefilling. A capture in flight
+does not say whose it is, so while any request with a namespace has one in flight, no request
+waits for captures in flight (they wait only for the round's own requests).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from jenga_sglang.binding.namespaces import request_namespace
 
 #: Fewer shared uncached tokens than this are not worth a round of waiting.
 MIN_SAVED = 32
@@ -51,14 +59,23 @@ def should_wait(cache: Any, req: Any, admitted: Sequence[Any]) -> bool:
         # p == total is useless: a hit leaves the last token to compute, and no state precedes it.
         return p < total and p - start >= need
 
+    namespace = request_namespace(req)
+    peers = [other for other in admitted if request_namespace(other) == namespace]
     mine = [p for p in cache.plans.get(req.rid).positions if saves(p)]
     for p in reversed(mine):  # the deepest shared checkpoint saves the most
-        if any(_captures_for(cache, other, p, ids) for other in admitted):
+        if any(_captures_for(cache, other, p, ids) for other in peers):
             return True
-    for other in admitted:
+    for other in peers:
         if _share_new_branch(cache, other, ids, saves):
             return True
+    if namespace is not None or _namespaced_in_flight(cache):
+        return False  # whose capture is in flight is unknown (module doc)
     return any(saves(p) and _shared(t, ids, p) == p for p, t in cache.captures.in_flight())
+
+
+def _namespaced_in_flight(cache: Any) -> bool:
+    """Whether a request with a namespace has a capture in flight."""
+    return any(rid in cache.captures for rid in cache.plans.namespaced)
 
 
 def _captures_for(cache: Any, other: Any, p: int, ids: Sequence[int]) -> bool:

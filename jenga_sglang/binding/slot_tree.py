@@ -49,20 +49,22 @@ class SlotTree:
         states: dict[int, int],
         start: Node | None = None,
         own_from: int | None = None,
+        namespace: str | None = None,
     ) -> Adopted:
         """Insert `tokens` with the request's KV slots for [own_from, len) (the row `value`;
         before `own_from` the row holds the tree's own) and state slots valid at their
         positions (<= len), in one walk (from `start`: a node locked on the tokens' path,
-        `RadixTree.walk`). Slots of positions the tree already holds are freed by it, or
-        revive its dropped window pages. `own_from` None: only the slots of positions the
-        tree lacks are handed over (SGLang's `insert`, whose caller frees its duplicates)."""
+        `RadixTree.walk`), in the request's `namespace`. Slots of positions the tree already
+        holds are freed by it, or revive its dropped window pages. `own_from` None: only the
+        slots of positions the tree lacks are handed over (SGLang's `insert`, whose caller
+        frees its duplicates)."""
         if value is None or len(value) < len(tokens):
             raise ValueError(f"insert of {len(tokens)} tokens needs as many KV slots")
         bad = [p for p in states if not 0 < p <= len(tokens)]
         if bad:
             raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
         memory, state_type = self.slots.memory, self.slots.state_type
-        walk = self.cache.reach(tokens, start)
+        walk = self.cache.reach(tokens, start, namespace)
         present = walk.length
         own_from = present if own_from is None else min(own_from, present)
         held = walk.checkpoints()
@@ -73,7 +75,7 @@ class SlotTree:
             if p not in refused and state_type is not None
         }
         kv = self._own_pages(value[own_from : len(tokens)])
-        node = self.cache.store(tokens, walk, kv, taken, start=own_from)
+        node = self.cache.store(tokens, walk, kv, taken, own_from, namespace)
         return Adopted(present, node, len(taken), refused)
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
@@ -105,7 +107,7 @@ class SlotTree:
             pool.write((req.kv.req_pool_idx, slice(protected, present)), cached)
         if self.window_slot is not None and node.end > protected:
             self._publish(node, protected)
-        req.kv.cache_protected_len = 0 if node is self.cache.root else node.end
+        req.kv.cache_protected_len = 0 if node.parent is None else node.end
 
     def _publish(self, node: Node, start: int) -> None:
         """`WindowSlots.publish` for the path's positions [start, node.end)."""
@@ -113,7 +115,7 @@ class SlotTree:
         full_parts: list[Ids] = []
         window_parts: list[Ids] = []
         n: Node | None = node
-        while n is not None and n is not self.cache.root and n.end > start:
+        while n is not None and n.parent is not None and n.end > start:
             tomb = n.tombstones[self.window_slot]
             lo = max(start, n.start + tomb) - n.start  # offset of the first kept window page
             window = page_ids(n.kv[self.window_slot])
@@ -132,11 +134,10 @@ class SlotTree:
         nodes above `start` are not visited (a request repointed after each chunk needs only
         what it added)."""
         parts: list[Ids] = []
-        root = self.cache.root
-        if node is not root:
+        if node.parent is not None:  # not a root (a namespace's or the tree's)
             stop = node.end if stop is None else stop
             n: Node | None = node
-            while n is not None and n is not root and n.end > start:
+            while n is not None and n.parent is not None and n.end > start:
                 if n.start < stop:
                     ids = page_ids(n.kv[self.kv_slot])
                     parts.append(ids[max(0, start - n.start) : stop - n.start])
