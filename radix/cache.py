@@ -378,7 +378,7 @@ class PrefixCache:
         loaded, written = (0, 0), 0
         if host is not None:  # load the hit's host part, move the walk to the device
             written = host.write_bytes
-            prepared = host.prepare(self, seq, walk, whole)
+            prepared = host.prepare(self, seq, walk, whole, namespace)
             if prepared is not None:
                 walk, found, loaded = prepared
         lease = self.admit(

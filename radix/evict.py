@@ -61,7 +61,7 @@ def evict_leaf(tree: RadixTree, node: Node) -> None:
     tree.evicted_nodes += 1 + len(node.inner)
     if parent.parent is not None:
         tree.policy.update(parent)
-    elif not parent.children:
+    elif parent is not tree.root:
         forget_if_empty(tree, parent)  # a namespace's last node: its root goes too
 
 

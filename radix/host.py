@@ -29,6 +29,7 @@ from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, Evictor
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
+from jenga_sglang.radix.spaces import forget_if_empty
 from jenga_sglang.radix.tokens import TokenSeq
 
 if TYPE_CHECKING:
@@ -57,11 +58,16 @@ class HostTier(Evictor):
         self.load_bytes = 0  # host -> device, cumulative
 
     def prepare(
-        self, cache: PrefixCache, seq: TokenSeq, walk: Walk, whole: int
+        self,
+        cache: PrefixCache,
+        seq: TokenSeq,
+        walk: Walk,
+        whole: int,
+        namespace: str | None = None,
     ) -> tuple[Walk, MatchResult, Loaded] | None:
-        """Before admission: load the request's host hit and move its walk to the device
-        (radix/host_load.py `prepare`)."""
-        return prepare(cache, self, seq, walk, whole)
+        """Before admission: load the request's host hit and move its walk (in `namespace`,
+        radix/spaces.py) to the device (radix/host_load.py `prepare`)."""
+        return prepare(cache, self, seq, walk, whole, namespace)
 
     # ------------------------------------------------------------------ device eviction
 
@@ -164,6 +170,8 @@ class HostTier(Evictor):
         assert parent is not None
         del parent.host_children[top.key.head(0, self.tree.page)]
         top.parent = None
+        if parent.parent is None:
+            forget_if_empty(self.tree, parent)  # a namespace's last node (radix/spaces.py)
 
     def _free_host_pages(self, node: Node) -> None:
         for slot, ptype in enumerate(self.tree.kv_types):
@@ -207,7 +215,7 @@ class HostTier(Evictor):
     def host_nodes(self) -> list[Node]:
         """Every node whose KV is in host memory."""
         out: list[Node] = []
-        stack = [self.tree.root]
+        stack = [self.tree.root, *self.tree.spaces.values()]  # every namespace's (spaces.py)
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())

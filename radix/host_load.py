@@ -50,7 +50,12 @@ def host_rules(rules: Sequence[GroupRule]) -> tuple[GroupRule, ...]:
 
 
 def prepare(
-    cache: PrefixCache, host: HostTier, seq: TokenSeq, walk: Walk, whole: int
+    cache: PrefixCache,
+    host: HostTier,
+    seq: TokenSeq,
+    walk: Walk,
+    whole: int,
+    namespace: str | None = None,
 ) -> tuple[Walk, MatchResult, Loaded] | None:
     """Make the request's walk of `seq` device-resident, loading its host hit if the tier
     policy says so; the new walk, the device match of its first `whole` tokens, and what was
@@ -73,7 +78,7 @@ def prepare(
         hit, load_bytes = device, 0
     else:
         host.load_bytes += load_bytes
-    walk = tree.walk(seq)
+    walk = tree.walk(seq, namespace=namespace)  # the request's namespace (radix/spaces.py)
     full = walk.prefix(whole)  # the input's walk: admission plans on where it leaves the tree
     assert tree.match_walk(full.prefix(hit)).length == hit, f"{hit} tokens not on the device"
     found = MatchResult(hit, tuple(n for n in full.path if n.start < hit), full)

@@ -61,8 +61,9 @@ def root_for(tree: RadixTree, namespace: str | None) -> Node:
 
 
 def forget_if_empty(tree: RadixTree, root: Node) -> None:
-    """Drop a named namespace's root once its last node is gone (the default one stays)."""
-    if root.children or root is tree.root:
+    """Drop a named namespace's root once its last node is gone, from the device and from host
+    memory (radix/host.py); the default namespace's stays."""
+    if root.children or root.host_children or root is tree.root:
         return
     name = tree.space_names.pop(root.id)
     del tree.spaces[name]
@@ -84,5 +85,5 @@ def check_spaces(tree: RadixTree) -> None:
         assert tree.space_names.get(root.id) == name, f"namespace {name!r}: root not named"
         assert root.parent is None and len(root.key) == 0 and root.end == 0, f"{name!r} root"
         assert root.lock_ref == 1, f"namespace {name!r}: its root's lock_ref moved"
-        assert root.children, f"namespace {name!r}: an empty root was kept"
+        assert root.children or root.host_children, f"namespace {name!r}: empty root kept"
         assert root.state is None and not root.inner, f"namespace {name!r}: root has a state"

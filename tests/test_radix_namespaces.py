@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from radix_helpers import hybrid_spec, make_cache, seq, toks
 
 from jenga_sglang.policies.branching import BranchLearningAdmission
+from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, JengaEviction, LruEviction
 from jenga_sglang.policies.ghost import GhostIndex
+from jenga_sglang.policies.host import FlopAwareTier
 from jenga_sglang.policies.replay_grid import replay_score, snapshot
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.contracts import EvictionPolicy
@@ -142,15 +144,45 @@ def _ops(rng: random.Random, count: int = 150) -> list[tuple[str, str | None, To
     return ops
 
 
+def _with_host(cache: PrefixCache, host_bytes: int) -> PrefixCache:
+    """`cache` over a host tier of `host_bytes` (radix/host.py) whose link is fast enough
+    that demoting and loading back always pay."""
+    tier = FlopAwareTier(cache.eviction, 1e12, 1e3, layers=2)
+    cache.attach_host(byte_budget(cache.spec, host_bytes), tier)
+    return cache
+
+
+def test_a_namespace_demoted_to_host_memory_keeps_its_root_and_its_own_hits() -> None:
+    """Room on the device for one conversation, on the host for several: b's evicts a's to
+    host memory, where it stays a's (its root stays, with host children only)."""
+    spec = hybrid_spec()
+    one = 12 * spec.kv_bytes_per_token + spec.state_bytes
+    cache = _with_host(make_cache(spec, budget=one + 20), 4 * one)
+    a_in, out = seq(0, 10), seq(100, 2)
+    cache.serve(a_in, out, owner=1, namespace="a")
+    cache.serve(a_in, out, owner=2, namespace="b")
+    root = cache.tree.spaces["a"]
+    assert not root.children and len(root.host_children) == 1  # a's went to host memory
+    cache.check_integrity()
+    turn2 = a_in.concat(out).concat(seq(400, 3))
+    assert cache.serve(turn2, toks(9), owner=3, namespace="c").hit_tokens == 0
+    again = cache.serve(turn2, toks(9), owner=4, namespace="a")
+    assert again.hit_tokens == 12 and again.host_hit_tokens == 12  # a's own host copy
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize("host", [0, 2], ids=["device", "host-tier"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
-def test_random_namespaced_streams_never_hit_another_namespace(seed: int) -> None:
-    """Random serves, look-ups and evictions over three namespaces in a small memory: the
-    invariants hold after each, and no hit is longer than the longest prefix the request
-    shares with a sequence served in its own namespace."""
+def test_random_namespaced_streams_never_hit_another_namespace(host: int, seed: int) -> None:
+    """Random serves, look-ups and evictions over three namespaces in a small memory (and a
+    host tier of twice its size): the invariants hold after each, and no hit is longer than
+    the longest prefix the request shares with a sequence served in its own namespace."""
     spec = hybrid_spec()
     budget = 30 * spec.kv_bytes_per_token + 3 * spec.state_bytes
     cache = make_cache(spec, budget=budget, eviction=JengaEviction())
+    if host:  # demotions, host hits, host evictions, roots with host children only
+        _with_host(cache, host * budget)
     served: dict[str | None, list[TokenSeq]] = {None: [], "a": [], "b": []}
     for owner, (kind, namespace, tokens) in enumerate(_ops(random.Random(seed))):
         if kind == "evict":
@@ -165,7 +197,9 @@ def test_random_namespaced_streams_never_hit_another_namespace(seed: int) -> Non
         cache.check_integrity()
     while cache.tree.evict_for(cache.tree.kv_types[0]):
         cache.check_integrity()
-    assert not cache.tree.spaces
+    while cache.host is not None and cache.host.evict_for(cache.tree.kv_types[0]):
+        cache.check_integrity()
+    assert not cache.tree.spaces  # every namespace's root went with its last node
 
 
 def test_integrity_catches_an_empty_namespace_root() -> None:
