@@ -61,3 +61,20 @@ def test_sweep_sizes_the_host_per_cache_size(trace: Path, tmp_path: Path) -> Non
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["cache_gb"], r["host_gb"]) for r in records) == [(0.04, 0.08), (0.08, 0.16)]
     assert all("host_hit_tokens" in r and "ttft_est_p95_s" in r for r in records)
+
+
+def test_a_hicache_sweep_sizes_each_host_before_it_validates(trace: Path) -> None:
+    """SGLang's HiCache needs a host size: "Rx" resolves per cache size before validation."""
+    from jenga_sglang.bench.cli.main import _sweep_grid, build_parser
+    from jenga_sglang.bench.runs.sweep import grid
+
+    args = build_parser().parse_args(
+        ["sweep", "--trace", str(trace), "--cache-gb", "5,10", "--caches"]
+        + ["sglang-native-hicache,jenga", "--policies", "jenga", "--host-gb", "4x"]
+        + ["--hicache-write-policy", "write_back"]
+    )
+    configs = _sweep_grid(args, grid)
+    sizes = {(c.cache, c.cache_gb, c.host_gb, c.hicache_write) for c in configs}
+    assert ("sglang-native-hicache", 5.0, 20.0, "write_back") in sizes
+    assert ("sglang-native-hicache", 10.0, 40.0, "write_back") in sizes
+    assert all(c.host_gb == 4 * c.cache_gb for c in configs)

@@ -191,12 +191,9 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _with_host(config: Any, size: str) -> Any:
-    """`config` with its host tier's size: `size` GB, or "Rx" for R times its cache size."""
-    from dataclasses import replace
-
-    gb = float(size[:-1]) * config.cache_gb if size.endswith("x") else float(size)
-    return replace(config, host_gb=gb)
+def _host_gb(size: str, cache_gb: float) -> float:
+    """A host tier's GB: `size` GB, or "Rx" for R times the cache size."""
+    return float(size[:-1]) * cache_gb if size.endswith("x") else float(size)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -205,12 +202,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.cache == OURS and not args.policy:
         raise BadInput(f"replay --cache {OURS} needs --policy NAME")
     policy = args.policy or ""
+    host_gb = _host_gb(args.host_gb, args.cache_gb)
     config = checked(
         lambda: RunConfig(
-            args.trace, args.model, args.cache_gb, policy, cache=args.cache, **_common(args)
+            args.trace,
+            args.model,
+            args.cache_gb,
+            policy,
+            cache=args.cache,
+            host_gb=host_gb,
+            **_common(args),
         )
     )
-    config = _with_host(config, args.host_gb)
     checked(validate, config)
     checked(load_packed, config.trace)
     record = run(config)
@@ -256,12 +259,9 @@ def _sweep_grid(args: argparse.Namespace, grid: Any) -> list[Any]:
     for cache in dict.fromkeys(args.caches):
         policies = (args.policies or DEFAULT_POLICIES) if cache == OURS else [""]
         common = {**_common(args), "cache": cache}
-        configs += grid(args.trace, args.model, args.cache_gb, policies, **common)
-    from jenga_sglang.bench.runs.runner import validate
-
-    configs = [_with_host(c, args.host_gb) for c in configs]
-    for config in configs:
-        validate(config)
+        for gb in args.cache_gb:  # the host tier may be sized per cache size ("Rx")
+            host = {"host_gb": _host_gb(args.host_gb, gb)}
+            configs += grid(args.trace, args.model, [gb], policies, **common, **host)
     return configs
 
 
