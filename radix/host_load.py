@@ -5,8 +5,14 @@ the host tier offers (H, with host KV and host checkpoints) and the device alone
 asks the tier policy whether loading [D, H) beats recomputing it, then moves every host node
 on the request's walk to the device in one step: the ones covering [D, H) are loaded (their
 bytes cross the host link), the ones past the hit are the tokens the request computes anyway,
-whose fresh device pages simply replace the host copy. The walk and match are then redone on
-a path that is all on the device, so admission, locks and insert run as without the tier.
+whose fresh device pages simply replace the host copy. The last one moves whole, also past
+where the request leaves it: the admission and the eviction policy's learners then see the
+request leave a cached sequence mid-edge, as they would without the tier (a cut at the walk's
+end would show them a node end, and rewriting agents would look like chats). Its part past
+the walk crosses the link and counts as loaded: a live tier, which plans on the match with
+host nodes in it, would leave it on host, so the simulator overstates our transfers by that.
+The walk and match are then redone on a path that is all on the device, so admission, locks
+and insert run as without the tier.
 """
 
 from __future__ import annotations
@@ -74,9 +80,11 @@ def prepare(
         after, without = flops(whole) - flops(hit), flops(whole) - flops(device)
         if not host.policy.loads(load_bytes, after, without):
             hit, load_bytes = device, 0
+    beyond = _bytes_past(host, path, walk.length)  # of the last node, moved whole
     if not _promote(cache, host, walk, hit):
         hit, load_bytes = device, 0
     else:
+        load_bytes += beyond
         host.load_bytes += load_bytes
     walk = tree.walk(seq, namespace=namespace)  # the request's namespace (radix/spaces.py)
     full = walk.prefix(whole)  # the input's walk: admission plans on where it leaves the tree
@@ -113,18 +121,27 @@ def _load_bytes(host: HostTier, path: tuple[Node, ...], device: int, hit: int) -
     return total
 
 
+def _bytes_past(host: HostTier, path: tuple[Node, ...], end: int) -> int:
+    """Host KV bytes of the path's last node past `end` (where the walk leaves it)."""
+    if not path or not path[-1].host or path[-1].end <= end:
+        return 0
+    last, tree = path[-1], host.tree
+    total = 0
+    for slot, ptype in enumerate(tree.kv_types):
+        first = last.start + last.tombstones[slot]  # window groups: dropped pages lead
+        total += (last.end - max(first, end)) * host.memory.page_bytes(ptype)
+    return total
+
+
 def _promote(cache: PrefixCache, host: HostTier, walk: Walk, hit: int) -> bool:
-    """Move every host node on `walk` to the device (the last cut at the walk's end), and
-    the host checkpoint at `hit`; False, having dropped the host part of the walk instead,
-    when the device cannot hold them. The device prefix is locked and the host nodes held
-    (T3) while device pages are allocated, so the evictions that allocation causes take
+    """Move every host node on `walk` to the device (the last one whole: module docstring),
+    and the host checkpoint at `hit`; False, having dropped the host part of the walk
+    instead, when the device cannot hold them. The device prefix is locked and the host nodes
+    held (T3) while device pages are allocated, so the evictions that allocation causes take
     neither."""
     tree = cache.tree
     end_state = next((n for n in walk.path if n.end == hit and n.host_state is not None), None)
     nodes = [n for n in walk.path if n.host]  # a suffix of the path (T1)
-    if nodes and nodes[-1].end > walk.length:
-        last = nodes[-1]
-        nodes[-1] = tree.split(last, walk.length - last.start)
     if not nodes and end_state is None:
         return True
     anchor = _deepest_device(walk.path)

@@ -269,3 +269,23 @@ def test_tree_budget_and_host_budget_are_never_exceeded() -> None:
     assert isinstance(device, ByteBudget)
     assert device.capacity_violations == 0 and host_memory(cache).capacity_violations == 0
     assert host_memory(cache).peak_bytes <= 2 * ONE
+
+
+def test_a_request_leaving_a_host_node_mid_edge_sees_it_mid_edge() -> None:
+    """The host node the request leaves inside moves whole: the admission sees a mid-edge
+    branch with a tail, as without the tier, and the tail's bytes count as loaded."""
+    cache = tiered(hybrid_spec(), DEVICE, 4 * ONE)
+    serve(cache, seq(0, 10), seq(100, 2))
+    serve(cache, seq(200, 10), seq(300, 2))  # A [0, 12) -> host
+    a = host_node(cache, 0)
+    tier_ = tier(cache)
+    walk = cache.tree.walk(seq(0, 6).concat(seq(500, 4)))
+    prepared = tier_.prepare(cache, seq(0, 6).concat(seq(500, 4)), walk, 10)
+    assert prepared is not None
+    after, found, (host_hit, load_bytes) = prepared
+    branch = after.prefix(10).branch()
+    assert (branch.length, branch.at_node_end, branch.tail) == (6, False, 6)
+    assert found.length == host_hit == 0, "no checkpoint at 6: nothing to hit"
+    assert load_bytes == 6 * KV_TOKEN, "A's part past the walk crossed; [0, 6) is recomputed"
+    assert not a.host and (a.start, a.end) == (0, 12)
+    cache.check_integrity()
