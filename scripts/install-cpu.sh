@@ -30,6 +30,9 @@ pip install -q fastapi==0.165.0 uvicorn==0.54.0 uvloop==0.23.0 python-multipart=
   jsonschema==4.26.0 xgrammar==0.2.7 soundfile==0.13.1
 # SGLang's benchmark client (`python -m sglang.bench_serving`) imports datasets.
 pip install -q datasets==5.2.0
+# The router (smg, the SGLang model gateway) and SGLang's gRPC worker mode that streams KV events
+# to it, for the scale-out runs (`jenga-bench scale-dp`); binary wheels.
+pip install -q smg==1.13.0 smg-grpc-servicer==0.14.1
 # Only the tokenizer data file of mistral-common is used; its own dependency tree is not needed.
 pip install -q --no-deps mistral-common==1.13.1
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE \

@@ -25,6 +25,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "bench-serving": ("bench_serving_cpu", "SGLang's bench_serving against the tiny model"),
     "demo-serve": ("demo_serve", "the serving half of `make demo`"),
     "scale-tp": ("scale_tp", "--tp-size 2 on CPU, stock and jenga, rank-consensus checker on"),
+    "scale-dp": ("scale_dp", "two replicas behind smg: cache-aware vs round robin, jenga vs stock"),
 }
 
 

@@ -61,6 +61,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_below(limit: int, tries: int = 64) -> int:
+    """A free loopback port under `limit` (SGLang's legacy gRPC mode also checks port + 10000)."""
+    import random
+
+    for _ in range(tries):
+        port = random.randrange(20000, limit)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port under {limit} after {tries} tries")
+
+
 def _log_tail(path: Path, chars: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
@@ -75,7 +90,9 @@ class LocalServer:
     ...     s.url  # 'http://127.0.0.1:<port>'
 
     `strategy` picks the Mamba cache strategy and its scheduling (`STRATEGIES`); `env` adds to
-    the server's environment.
+    the server's environment; `ready_line`: the server is ready once its log holds this text
+    (for a `--grpc-mode` worker, which serves no HTTP), else once /v1/models answers; `port`:
+    its port (default: a free one).
     """
 
     def __init__(
@@ -87,15 +104,18 @@ class LocalServer:
         ready_timeout_s: float = 600.0,
         strategy: str = "no_buffer",
         env: Mapping[str, str] | None = None,
+        ready_line: str | None = None,
+        port: int | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
         self.env = dict(env or {})
-        self.port = free_port()
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.ready_timeout_s = ready_timeout_s
+        self.ready_line = ready_line  # ready once the log has it (a gRPC worker has no HTTP)
         self.argv = [
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port),
@@ -140,17 +160,22 @@ class LocalServer:
                     f"server exited with {self._proc.returncode} before it was ready; log "
                     f"{self.log}:\n{_log_tail(self.log)}"
                 )
-            try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if self._ready():
+                return
             time.sleep(2)
         raise ServerError(
             f"server not ready after {self.ready_timeout_s:.0f} s; log {self.log}:\n"
             f"{_log_tail(self.log)}"
         )
+
+    def _ready(self) -> bool:
+        if self.ready_line is not None:
+            return self.ready_line in _log_tail(self.log, 1 << 22)
+        try:
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the server's process group, SIGKILL after `grace_s`; idempotent."""

@@ -47,6 +47,7 @@ class TurnResult:
     latency_s: float = 0.0
     text: str = ""
     error: str | None = None
+    response_id: str = ""  # the stream's `id`: a router's logs name the request by it
 
 
 def _usage(chunk: dict[str, Any]) -> tuple[int, int, int] | None:
@@ -121,6 +122,7 @@ async def _stream_chat(
                 raise OnlineError(f"bad stream chunk {data[:80]!r}: {exc.msg}") from None
             if "error" in chunk:
                 raise OnlineError(f"server error: {chunk['error']}")
+            result.response_id = result.response_id or str(chunk.get("id") or "")
             piece = _delta_text(chunk)
             if piece and result.ttft_s is None:
                 result.ttft_s = time.monotonic() - start

@@ -72,6 +72,7 @@ def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
 def build_tree_cache(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
     from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.kv_events import attach as attach_events
     from jenga_sglang.binding.tp_consensus import ConsensusJengaRadixCache, checker_requested
 
     options = options_of(ctx.server_args)
@@ -88,4 +89,7 @@ def build_tree_cache(ctx: Any) -> Any:
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
     # SGLang's rank-consensus checker on: the same cache with its marks (tp_consensus.py)
     cls = ConsensusJengaRadixCache if checker_requested() else JengaRadixCache
-    return cls(ctx.params, spec, options, inpass=inpass)
+    cache = cls(ctx.params, spec, options, inpass=inpass)
+    # --kv-events-config: publish only spans a hit can use (kv_events.py)
+    attach_events(cache, bool(getattr(ctx.params, "enable_kv_cache_events", False)))
+    return cache

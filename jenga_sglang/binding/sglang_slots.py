@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+from jenga_sglang.binding.kv_events import HitSpanEvents
 from jenga_sglang.binding.slot_ids import Ids
 from jenga_sglang.binding.slot_memory import SlotMemory
 from jenga_sglang.binding.window_slots import WindowSlots, is_window_allocator
@@ -63,6 +64,7 @@ class SglangSlots:
         paired = getattr(self.allocator, "paired", None)  # the Jenga pool of an SWA model
         if paired is not None and self.window is not None:
             shared = int(paired.pool.capacity_bytes)
+        self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
         self.memory = SlotMemory(capacity, page_bytes, self.give_back, shared, self.room)
         attach = getattr(self.donor, "attach_tree_states", None)
         state_type = self.state_type
@@ -98,7 +100,10 @@ class SglangSlots:
         return (self.kv_type,) if self.window_type is None else (self.kv_type, self.window_type)
 
     def give_back(self, ptype: PageType, ids: Ids) -> None:
-        """Hand ids the tree freed to the SGLang allocator they came from."""
+        """Hand ids the tree freed to the SGLang allocator they came from (and their spans'
+        removal to the event recorder: a state, or a KV page without a Mamba group)."""
+        if self.events is not None and ptype == (self.state_type or self.kv_type):
+            self.events.freed(ids.tolist())
         if self.window is not None:
             if ptype == self.kv_type:
                 self.window.free_full(ids)

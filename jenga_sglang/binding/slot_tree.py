@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from jenga_sglang.binding.kv_events import HitSpanEvents
 from jenga_sglang.binding.sglang_slots import SglangSlots
 from jenga_sglang.binding.slot_ids import Ids, SlotPages, page_ids
 from jenga_sglang.radix.cache import PrefixCache
@@ -41,6 +42,7 @@ class SlotTree:
         self.kv_slot = cache.kv_types.index(slots.kv_type)  # the full group's index
         window = slots.window_type
         self.window_slot = None if window is None else cache.kv_types.index(window)
+        self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
 
     def adopt(
         self,
@@ -76,7 +78,24 @@ class SlotTree:
         }
         kv = self._own_pages(value[own_from : len(tokens)])
         node = self.cache.store(tokens, walk, kv, taken, own_from, namespace)
+        if self.events is not None:  # a router's view of what hits can use (kv_events.py)
+            self._report(tokens, value, present, {p: states[p] for p in taken})
         return Adopted(present, node, len(taken), refused)
+
+    def _report(
+        self, tokens: TokenSeq, value: torch.Tensor, present: int, taken: dict[int, int]
+    ) -> None:
+        """Checkpoints (by state slot) or, without a Mamba group, new KV pages (by their first
+        slot) to the event recorder."""
+        assert self.events is not None
+        if self.slots.state_type is not None:
+            spans = sorted(taken.items())
+        else:
+            page = self.cache.tree.page
+            ends = range(present - present % page + page, len(tokens) + 1, page)
+            spans = [(end, int(value[end - page])) for end in ends]
+        if spans:
+            self.events.adopted(tokens.tolist(), spans)
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
         """The request's slots for its own positions, one run per attention group (the tree's

@@ -1,0 +1,172 @@
+"""KV events for a cache-aware router (`--kv-events-config`): only spans a hit can use.
+
+SGLang's scheduler publishes, each step, what its cache's `take_events()` returns: SGLang's
+`BlockStored` / `BlockRemoved` records, one block per page, each block named by a hash chained
+from its parent's. A router (smg's event-driven `cache_aware`, Dynamo's KV router) rebuilds
+every worker's cache from them and predicts a request's hit as the run of its leading blocks
+the worker holds. SGLang's own cache publishes every KV page it inserts and nothing when a
+Mamba state goes, so on a hybrid model the router counts tokens a hit cannot end in.
+
+Here a span is published only where a hit is usable under every layer type's rule:
+
+* with a Mamba group, the blocks of the path [0, p) of each checkpoint the tree holds at p (a
+  hit ends exactly at a checkpoint, and needs the full KV before it); the state's slot id names
+  its span. When the state goes (evicted, or dropped while its KV stays), the blocks no other
+  checkpoint covers are published as removed;
+* with full attention only, every KV page (a hit may end after any page); the page's first
+  KV slot names it, and its eviction removes it;
+* sliding-window models (a hit needs the window's last w tokens): not published yet; a warning
+  at start-up says the router gets no events from such a worker.
+
+A block is held with a count of the spans that cover it (published at 0 -> 1, removed at
+1 -> 0), so a shared head stays published while any checkpoint below it remains. Chained hashes
+make equal paths equal blocks. The cost is one hash per block of a new checkpoint's path, paid
+only when events are on. The tree itself calls nothing here: SlotTree reports adoptions and
+SglangSlots the slots the tree gives back (binding/slot_tree.py, sglang_slots.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_MASK, _SIGN = (1 << 64) - 1, 1 << 63
+
+
+def _int64(digest: bytes) -> int:
+    value = int.from_bytes(digest, "big") & _MASK
+    return value - (1 << 64) if value & _SIGN else value
+
+
+def chain_hashes(tokens: Sequence[int], page: int) -> list[int]:
+    """One signed 64-bit hash per whole page of `tokens`, each over its parent's and its ids."""
+    packed, width = array("q", tokens).tobytes(), 8 * page
+    hashes, parent = [], b""
+    for start in range(0, len(packed) - len(packed) % width, width):
+        parent = hashlib.blake2b(parent + packed[start : start + width], digest_size=8).digest()
+        hashes.append(_int64(parent))
+    return hashes
+
+
+class HitSpanEvents:
+    """The recorder `BasePrefixCache.take_events()` reads (`kv_events.take()`), fed by the
+    binding with the checkpoints (or KV pages) the tree adopts and the slots it frees."""
+
+    def __init__(self, page_size: int, by_state: bool) -> None:
+        self.page = page_size
+        self.by_state = by_state  # Mamba: spans end at checkpoints; else at every page
+        self._covers: dict[int, list[int]] = {}  # slot id -> block hashes of its span
+        self._count: dict[int, int] = {}  # block hash -> spans covering it
+        self._queue: list[Any] = []
+        self.published_blocks = 0
+        self.removed_blocks = 0
+
+    # ------------------------------------------------------------------ what the tree did
+
+    def adopted(self, tokens: Sequence[int], spans: Iterable[tuple[int, int]]) -> None:
+        """The tree took `slot` valid after tokens[:end], for each (end, slot) of `spans`."""
+        todo = [(end, slot) for end, slot in spans if slot not in self._covers]
+        todo = [(end, slot) for end, slot in todo if end % self.page == 0]  # whole pages only
+        if not todo:
+            return
+        chain = chain_hashes(tokens[: max(end for end, _ in todo)], self.page)  # one pass
+        for end, slot in todo:
+            blocks = end // self.page
+            # Mamba: the whole path to the checkpoint; else the page alone (its parents are
+            # pages the tree adopted before, or in this same insert).
+            first = 0 if self.by_state else blocks - 1
+            self._covers[slot] = chain[first:blocks]
+            self._store(tokens, first, chain[first:blocks], chain)
+
+    def freed(self, slots: Iterable[int]) -> None:
+        """The tree gave these slots back (evicted, or a state dropped): their spans go."""
+        gone: list[int] = []
+        for slot in slots:
+            for h in self._covers.pop(int(slot), ()):
+                left = self._count[h] - 1
+                if left:
+                    self._count[h] = left
+                else:
+                    del self._count[h]
+                    gone.append(h)
+        if gone:
+            from sglang.srt.disaggregation.kv_events import BlockRemoved
+
+            self._queue.append(BlockRemoved(block_hashes=gone))
+            self.removed_blocks += len(gone)
+
+    def _store(
+        self, tokens: Sequence[int], first: int, hashes: list[int], chain: list[int]
+    ) -> None:
+        """Count `hashes` (blocks first, first + 1, ...); publish those now covered once."""
+        new = []
+        for i, h in enumerate(hashes):
+            self._count[h] = self._count.get(h, 0) + 1
+            if self._count[h] == 1:
+                new.append(first + i)
+        if new:
+            self._publish(tokens, new, chain)
+
+    def _publish(self, tokens: Sequence[int], blocks: list[int], chain: list[int]) -> None:
+        """One BlockStored per run of consecutive new blocks (parent: the block before)."""
+        from sglang.srt.disaggregation.kv_events import BlockStored
+
+        runs: list[list[int]] = []
+        for b in blocks:
+            if runs and runs[-1][-1] == b - 1:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        page = self.page
+        for run in runs:
+            hashes = [chain[b] for b in run]
+            ids = [int(t) for t in tokens[run[0] * page : (run[-1] + 1) * page]]
+            parent = None if run[0] == 0 else chain[run[0] - 1]
+            self.published_blocks += len(run)
+            tail = self._queue[-1] if self._queue else None
+            if isinstance(tail, BlockStored) and tail.block_hashes[-1] == parent:
+                tail.block_hashes.extend(hashes)  # continues the last store: one record
+                tail.token_ids.extend(ids)
+                continue
+            self._queue.append(
+                BlockStored(
+                    block_hashes=hashes,
+                    parent_block_hash=parent,
+                    token_ids=ids,
+                    block_size=page,
+                    lora_id=None,
+                )
+            )
+
+    # ------------------------------------------------------------------ SGLang's side
+
+    def take(self) -> list[Any]:
+        """Everything recorded since the last call, oldest first (SGLang's recorder contract)."""
+        events, self._queue = self._queue, []
+        return events
+
+    def published(self) -> int:
+        """Blocks a router following these events holds now."""
+        return len(self._count)
+
+
+def attach(cache: Any, enabled: bool) -> HitSpanEvents | None:
+    """Give `cache` (a JengaRadixCache) a recorder when SGLang asked for KV events."""
+    if not enabled or cache.disable:
+        return None
+    if cache.slots.window is not None:
+        logger.warning(
+            "jenga: --kv-events-config on a sliding-window model: no KV events are published "
+            "(a window hit rule is not encoded yet); a router sees no cache on this worker"
+        )
+        return None
+    events = HitSpanEvents(cache.page_size, by_state=cache.state_type is not None)
+    cache.kv_events = events
+    cache.slot_tree.events = events
+    cache.slots.events = events
+    return events

@@ -1,0 +1,139 @@
+"""KV events of the jenga cache (binding/kv_events.py) over SGLang's CPU pools.
+
+A router that follows the events holds exactly the blocks of the paths that end at a
+checkpoint (Mamba) or at a KV page (attention only), after any mix of inserts and evictions:
+the stream is replayed into a model of the router's index and compared with the tree itself.
+KV past the last checkpoint is never published, since no hit can end in it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+SHARED = [7 + (3 * i) % 50 for i in range(40)]
+
+
+def _setup(mamba: bool) -> tuple[Any, Any, Any]:
+    from test_binding_backend import _cache
+
+    from jenga_sglang.binding.kv_events import attach
+
+    cache, allocator, req_pool = _cache(_sg(), mamba)
+    events = attach(cache, True)
+    assert events is not None
+    return cache, allocator, req_pool
+
+
+def _sg() -> Any:
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache import base_prefix_cache as bpc
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    return SimpleNamespace(bpc=bpc, RadixKey=RadixKey)
+
+
+def _key(tokens: list[int]) -> Any:
+    return _sg().RadixKey(array("q", tokens))
+
+
+def _insert(cache: Any, allocator: Any, req_pool: Any, tokens: list[int], state: bool) -> None:
+    bpc = _sg().bpc
+    slots = allocator.alloc(len(tokens))
+    mamba = req_pool.mamba_allocator.alloc(1) if state else None
+    done = cache.insert(bpc.InsertParams(key=_key(tokens), value=slots, mamba_value=mamba))
+    allocator.free(slots[: done.prefix_len])
+    if mamba is not None and done.mamba_exist:
+        req_pool.mamba_allocator.free(mamba)
+
+
+class RouterModel:
+    """What a router rebuilds from the events: block hash -> its token path."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, tuple[int, ...]] = {}
+
+    def apply(self, events: list[Any]) -> None:
+        for event in events:
+            name = type(event).__name__
+            if name == "BlockStored":
+                parent = self.blocks.get(event.parent_block_hash, ())
+                assert event.parent_block_hash is None or parent, "store under an unknown parent"
+                for i, h in enumerate(event.block_hashes):
+                    size = event.block_size
+                    parent = parent + tuple(event.token_ids[i * size : (i + 1) * size])
+                    assert h not in self.blocks
+                    self.blocks[h] = parent
+            else:
+                assert name == "BlockRemoved"
+                for h in event.block_hashes:
+                    del self.blocks[h]
+
+    def paths(self) -> set[tuple[int, ...]]:
+        return set(self.blocks.values())
+
+    def predicted_hit(self, tokens: list[int]) -> int:
+        paths, n = self.paths(), 0
+        while n < len(tokens) and tuple(tokens[: n + 1]) in paths:
+            n += 1
+        return n
+
+
+def _usable_paths(cache: Any) -> set[tuple[int, ...]]:
+    """Every prefix of every path that ends at a checkpoint (a node's or one inside a run),
+    or at any node without a Mamba group: what a router may count as a hit."""
+    out: set[tuple[int, ...]] = set()
+    for node in cache.cache.nodes():
+        if node.parent is None:
+            continue
+        path = tuple(t for n in node.path_from_root() for t in n.key.tolist())
+        ends = [p for p, _ in node.inner]
+        if cache.state_type is None or node.state is not None:
+            ends.append(node.end)
+        for end in ends:
+            out.update(path[: i + 1] for i in range(end))
+    return out
+
+
+def test_mamba_spans_end_at_checkpoints_and_go_with_them() -> None:
+    cache, allocator, req_pool = _setup(mamba=True)
+    router = RouterModel()
+    first = [*SHARED, 60, 61]
+    _insert(cache, allocator, req_pool, first, state=True)
+    stored = cache.take_events()
+    assert [type(e).__name__ for e in stored] == ["BlockStored"]
+    assert stored[0].token_ids == first and stored[0].parent_block_hash is None
+    router.apply(stored)
+    _insert(cache, allocator, req_pool, [*first, 70, 71, 72], state=False)  # KV, no state
+    assert cache.take_events() == []  # no hit can end there: nothing published
+    _insert(cache, allocator, req_pool, [*SHARED, 80, 81, 82], state=True)
+    branch = cache.take_events()
+    assert len(branch) == 1 and branch[0].token_ids == [80, 81, 82]
+    assert branch[0].parent_block_hash == stored[0].block_hashes[39]  # under the shared head
+    router.apply(branch)
+    assert router.paths() == _usable_paths(cache)
+    assert router.predicted_hit([*first, 70, 99]) == 42
+    hit = cache.match_prefix(_sg().bpc.MatchPrefixParams(key=_key([*first, 70, 99])))
+    assert hit.device_prefix_len == 42  # the router's prediction is the worker's hit
+    for n in (30, 400):  # evictions: states go (and their KV), spans are removed
+        cache.evict(_sg().bpc.EvictParams(num_tokens=n))
+        router.apply(cache.take_events())
+        assert router.paths() == _usable_paths(cache)
+    assert not router.blocks and cache.kv_events.published() == 0
+
+
+def test_attention_only_every_page_is_published_until_evicted() -> None:
+    cache, allocator, req_pool = _setup(mamba=False)
+    router = RouterModel()
+    _insert(cache, allocator, req_pool, [*SHARED, 1, 2], state=False)
+    _insert(cache, allocator, req_pool, [*SHARED, 3], state=False)
+    router.apply(cache.take_events())
+    assert router.paths() == _usable_paths(cache) and len(router.blocks) == 43
+    cache.evict(_sg().bpc.EvictParams(num_tokens=2))
+    router.apply(cache.take_events())
+    assert router.paths() == _usable_paths(cache) and len(router.blocks) < 43
