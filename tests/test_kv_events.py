@@ -38,15 +38,17 @@ def _sg() -> Any:
     return SimpleNamespace(bpc=bpc, RadixKey=RadixKey)
 
 
-def _key(tokens: list[int]) -> Any:
-    return _sg().RadixKey(array("q", tokens))
+def _key(tokens: list[int], salt: str | None = None) -> Any:
+    return _sg().RadixKey(array("q", tokens), cache_salt=salt)
 
 
-def _insert(cache: Any, allocator: Any, req_pool: Any, tokens: list[int], state: bool) -> None:
+def _insert(
+    cache: Any, allocator: Any, req_pool: Any, tokens: list[int], state: bool, salt: Any = None
+) -> None:
     bpc = _sg().bpc
     slots = allocator.alloc(len(tokens))
     mamba = req_pool.mamba_allocator.alloc(1) if state else None
-    done = cache.insert(bpc.InsertParams(key=_key(tokens), value=slots, mamba_value=mamba))
+    done = cache.insert(bpc.InsertParams(key=_key(tokens, salt), value=slots, mamba_value=mamba))
     allocator.free(slots[: done.prefix_len])
     if mamba is not None and done.mamba_exist:
         req_pool.mamba_allocator.free(mamba)
@@ -137,3 +139,14 @@ def test_attention_only_every_page_is_published_until_evicted() -> None:
     cache.evict(_sg().bpc.EvictParams(num_tokens=2))
     router.apply(cache.take_events())
     assert router.paths() == _usable_paths(cache) and len(router.blocks) < 43
+
+
+def test_namespaces_publish_blocks_of_their_own() -> None:
+    cache, allocator, req_pool = _setup(mamba=True)
+    first = [*SHARED, 60, 61]
+    _insert(cache, allocator, req_pool, first, state=True)
+    _insert(cache, allocator, req_pool, first, state=True, salt="tenant-b")
+    plain, salted = cache.take_events()
+    assert plain.token_ids == salted.token_ids == first  # the same tokens, two namespaces:
+    assert not set(plain.block_hashes) & set(salted.block_hashes)  # two sets of blocks
+    assert cache.kv_events.published() == 2 * len(first)

@@ -18,6 +18,7 @@ Here a span is published only where a hit is usable under every layer type's rul
 * sliding-window models (a hit needs the window's last w tokens): not published yet; a warning
   at start-up says the router gets no events from such a worker.
 
+Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet.
 A block is held with a count of the spans that cover it (published at 0 -> 1, removed at
 1 -> 0), so a shared head stays published while any checkpoint below it remains. Chained hashes
 make equal paths equal blocks. The cost is one hash per block of a new checkpoint's path, paid
@@ -43,10 +44,12 @@ def _int64(digest: bytes) -> int:
     return value - (1 << 64) if value & _SIGN else value
 
 
-def chain_hashes(tokens: Sequence[int], page: int) -> list[int]:
-    """One signed 64-bit hash per whole page of `tokens`, each over its parent's and its ids."""
+def chain_hashes(tokens: Sequence[int], page: int, namespace: str | None = None) -> list[int]:
+    """One signed 64-bit hash per whole page of `tokens`, each over its parent's and its ids;
+    the first over the tree's `namespace` (binding/namespaces.py), so equal token paths of two
+    namespaces are two blocks."""
     packed, width = array("q", tokens).tobytes(), 8 * page
-    hashes, parent = [], b""
+    hashes, parent = [], b"" if namespace is None else namespace.encode()
     for start in range(0, len(packed) - len(packed) % width, width):
         parent = hashlib.blake2b(parent + packed[start : start + width], digest_size=8).digest()
         hashes.append(_int64(parent))
@@ -68,13 +71,19 @@ class HitSpanEvents:
 
     # ------------------------------------------------------------------ what the tree did
 
-    def adopted(self, tokens: Sequence[int], spans: Iterable[tuple[int, int]]) -> None:
-        """The tree took `slot` valid after tokens[:end], for each (end, slot) of `spans`."""
+    def adopted(
+        self,
+        tokens: Sequence[int],
+        spans: Iterable[tuple[int, int]],
+        namespace: str | None = None,
+    ) -> None:
+        """The tree took `slot` valid after tokens[:end] in `namespace`, for each (end, slot)
+        of `spans`."""
         todo = [(end, slot) for end, slot in spans if slot not in self._covers]
         todo = [(end, slot) for end, slot in todo if end % self.page == 0]  # whole pages only
         if not todo:
             return
-        chain = chain_hashes(tokens[: max(end for end, _ in todo)], self.page)  # one pass
+        chain = chain_hashes(tokens[: max(end for end, _ in todo)], self.page, namespace)
         for end, slot in todo:
             blocks = end // self.page
             # Mamba: the whole path to the checkpoint; else the page alone (its parents are

@@ -79,11 +79,16 @@ class SlotTree:
         kv = self._own_pages(value[own_from : len(tokens)])
         node = self.cache.store(tokens, walk, kv, taken, own_from, namespace)
         if self.events is not None:  # a router's view of what hits can use (kv_events.py)
-            self._report(tokens, value, present, {p: states[p] for p in taken})
+            self._report(tokens, value, present, {p: states[p] for p in taken}, namespace)
         return Adopted(present, node, len(taken), refused)
 
     def _report(
-        self, tokens: TokenSeq, value: torch.Tensor, present: int, taken: dict[int, int]
+        self,
+        tokens: TokenSeq,
+        value: torch.Tensor,
+        present: int,
+        taken: dict[int, int],
+        namespace: str | None,
     ) -> None:
         """Checkpoints (by state slot) or, without a Mamba group, new KV pages (by their first
         slot) to the event recorder."""
@@ -95,7 +100,7 @@ class SlotTree:
             ends = range(present - present % page + page, len(tokens) + 1, page)
             spans = [(end, int(value[end - page])) for end in ends]
         if spans:
-            self.events.adopted(tokens.tolist(), spans)
+            self.events.adopted(tokens.tolist(), spans, namespace)
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
         """The request's slots for its own positions, one run per attention group (the tree's
