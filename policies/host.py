@@ -14,7 +14,8 @@ peak x MFU). What an entry saves is what the next hit through it would otherwise
   an attention-only one.
 
 * `FlopAwareTier.demotes`: a device victim moves to host when its device policy still expects
-  it to be hit (`EvictionPolicy.expects_reuse`) and its load is faster than its recompute;
+  it to be hit (`EvictionPolicy.expects_reuse`) and its load is faster than its recompute, or
+  when it has host children (dropping it would drop them: it is their prefix);
 * `FlopAwareTier.loads`: a host hit is loaded when the time to first token with the load
   (overlapped with prefill layer by layer, `overlapped_seconds`) beats recomputing from the
   device hit;
@@ -158,6 +159,8 @@ class FlopAwareTier(TierPolicy):
     def demotes(self, node: Node, state_only: bool) -> bool:
         if not self.device.expects_reuse(node):
             return False
+        if not state_only and node.host_children:
+            return True  # dropping it would drop the host entries below it, whose prefix it is
         assert self._cost is not None, "FlopAwareTier needs bind_cost() before use"
         flops, held = entry_value(self._cost, node, state_only)
         return flops / self.flop_rate > held / self.bandwidth

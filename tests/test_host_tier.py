@@ -162,17 +162,20 @@ def test_a_declined_load_recomputes_and_adopts_the_host_nodes() -> None:
 
 
 def test_dropping_a_device_leaf_drops_its_host_descendants() -> None:
-    cache = tiered(hybrid_spec(), 10**4, 10**4)
+    """A branch its device policy expects dead is dropped, and what hangs below it goes too."""
+
+    class DeadBranch(LruEviction):
+        def expects_reuse(self, node: Node) -> bool:
+            return node.end != 8
+
+    cache = tiered(hybrid_spec(), 10**4, 10**4, eviction=DeadBranch())
     serve(cache, seq(0, 8).concat(seq(100, 4)), seq(900, 1))
     serve(cache, seq(0, 8).concat(seq(200, 4)), seq(901, 1))
     (branch,) = cache.root.children.values()
     for _ in range(2):
         cache.tree.evict_for(cache.kv_types[0])  # both tails go to host
     assert len(branch.host_children) == 2 and not branch.children
-    policy = tier(cache).policy
-    assert isinstance(policy, FlopAwareTier)
-    policy.bandwidth = SLOW  # the branch itself is dropped, not demoted
-    cache.tree.evict_for(cache.kv_types[0])
+    cache.tree.evict_for(cache.kv_types[0])  # the branch itself is dropped, not demoted
     cache.check_integrity()
     assert branch.parent is None and not cache.root.children and not cache.root.host_children
     assert host_memory(cache).held_bytes() == 0 and tier(cache).dropped_nodes == 2
@@ -289,3 +292,21 @@ def test_a_request_leaving_a_host_node_mid_edge_sees_it_mid_edge() -> None:
     assert load_bytes == 6 * KV_TOKEN, "A's part past the walk crossed; [0, 6) is recomputed"
     assert not a.host and (a.start, a.end) == (0, 12)
     cache.check_integrity()
+
+
+def test_a_device_leaf_with_host_children_goes_down_not_away() -> None:
+    """Its own worth may not pay a load (here the link is too slow for any), but dropping it
+    would drop the host entries below it, whose prefix it is: it moves to host."""
+    cache = tiered(hybrid_spec(), 10**4, 10**4)
+    serve(cache, seq(0, 8).concat(seq(100, 4)), seq(900, 1))
+    serve(cache, seq(0, 8).concat(seq(200, 4)), seq(901, 1))
+    (branch,) = cache.root.children.values()
+    for _ in range(2):
+        cache.tree.evict_for(cache.kv_types[0])  # both tails go to host
+    policy = tier(cache).policy
+    assert isinstance(policy, FlopAwareTier)
+    policy.bandwidth = SLOW
+    cache.tree.evict_for(cache.kv_types[0])
+    cache.check_integrity()
+    assert branch.host and len(branch.host_children) == 2 and branch.parent is cache.root
+    assert tier(cache).dropped_nodes == 0
