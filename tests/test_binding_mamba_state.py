@@ -8,6 +8,7 @@ which prefix it is the state of). The extra_buffer strategy: test_binding_mamba_
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -126,6 +127,31 @@ def test_abort_gives_slots_back(sg: Any) -> None:
     sg.release_kv_cache(req, s.cache, checkpoint=False)
     assert not req.kv.holds_mamba
     s.slots_balance()
+
+
+def test_a_hit_with_no_slot_to_copy_into_is_a_miss_not_a_crash(sg: Any) -> None:
+    """Every Mamba slot but the cached one held by running requests: the hit's state has no
+    live slot to go to, so the match reports no hit (SGLang's own component asserts), counts
+    it, and the request is served from scratch once a slot is free again."""
+    s = Session(sg)
+    a = tokens(0, 80)
+    s.serve(a, [1, 2])
+    allocator = s.pool.mamba_allocator
+    held = allocator.alloc(allocator.available_size())  # running requests' slots
+    assert held is not None and allocator.available_size() == 0
+    req = sg.Req(
+        rid="late", origin_input_text="", origin_input_ids=array("q", [*a, 1, 2]),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=2),
+    )  # fmt: skip
+    req.init_next_round_input(s.cache)  # match_prefix(cow_mamba=True, req=req)
+    assert req.prefix_len == 0 and not req.kv.holds_mamba
+    assert req.kv.mamba_cow_src_index is None
+    assert s.cache.unseeded == 1 and s.cache.snapshot().unseeded == 1
+    assert s.cached_length([*a, 1, 2]) == 81  # the cached state stays for later hits
+    allocator.free(held)
+    s.cache.plans.pop(req.rid)
+    again = s.admit([*a, 1, 2, 3], 2)
+    assert again.prefix_len == 81 and again.kv.mamba_cow_src_index is not None
 
 
 def test_plans_of_requests_that_never_finish_are_bounded() -> None:

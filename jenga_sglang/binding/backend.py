@@ -120,6 +120,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         self.held_back = 0  # admissions deferred for a shared checkpoint (shared_prefill)
         self.shared_branches = 0  # in-batch branch points added to a plan (shared_prefill)
         self.hit_tokens = 0
+        self.unseeded = 0  # hits not used: no Mamba slot could be freed to copy their state
         self.states_admitted = 0
         self.plans = RequestPlans()
         self.metrics: JengaMetrics | None = None
@@ -143,6 +144,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             prefill_cuts=self.prefill_cuts,
             held_back=self.held_back,
             shared_branches=self.shared_branches,
+            unseeded=self.unseeded,
         )
 
     def sync_metrics(self) -> None:
@@ -196,15 +198,18 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         namespace = key_namespace(params.key)  # LoRA adapter / cache salt (plans.py)
         found = self.cache.lookup(tokens, namespace)
         planned = self._admit(params, found, whole, namespace)  # records the hit, plans
+        if params.req is not None:
+            self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
+        seeds = params.cow_mamba and params.req is not None and found.state is not None
+        if seeds and not self._seed(params.req, found):
+            self.unseeded += 1  # prefilled from scratch; its plan's positions still hold
+            self.sync_metrics()
+            return self._empty()
         self.hit_tokens += found.length
         # SGLang locks the node it gets back: one ending where the hit does (window pages of
         # the path before its last window may then be trimmed while it runs, radix/evict.py).
         anchor = self.cache.anchor(found)
         node = anchor if anchor is not None else self.root_node
-        if params.req is not None:
-            self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
-        if params.cow_mamba and params.req is not None and found.state is not None:
-            self._seed(params.req, found)
         self.sync_metrics()
         return MatchResult(
             device_prefix_len=found.length,
@@ -259,12 +264,13 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         lease = self.cache.admit(whole, found, input_len + int(ends), namespace=namespace)
         return Planned.of(lease.plan, found.length, input_len)
 
-    def _seed(self, req: Any, found: TreeMatch) -> None:
-        """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state)."""
+    def _seed(self, req: Any, found: TreeMatch) -> bool:
+        """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state);
+        False when no live slot can be freed for it."""
         assert self.handover is not None and found.state is not None and found.node is not None
         self.cache.pin(found.node)  # allocating a live slot may evict: keep the source
         try:
-            self.handover.seed(req, found.state.ids()[0])
+            return self.handover.seed(req, found.state.ids()[0])
         finally:
             self.cache.unpin(found.node)
 

@@ -5,7 +5,9 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
 * **hit** (`seed`): the request gets its own live slot (allocated here if it has none) and
   `req.kv.mamba_cow_src_index` names the cached slot; SGLang's forward copies it into the live
   slot before the prefill runs (`ScheduleBatch._collect_deferred_mamba_cow_and_clear`, then the
-  model runner). The hit node stays locked by the request until then.
+  model runner). The hit node stays locked by the request until then. With every slot held by
+  running requests no slot can be freed for it: the hit is then not used (the backend reports a
+  miss, and SGLang's own admission waits for a slot), where SGLang's component asserts.
 * **running checkpoint** (`capture`, unfinished): only a state our admission planned (the
   branch point, which SGLang sees as `mamba_branching_seqlen`, and the prompt end) enters the
   tree. Without the extra buffer
@@ -82,13 +84,19 @@ class StateHandOver:
 
     # ------------------------------------------------------------------ hit
 
-    def seed(self, req: Any, src_slot: int) -> None:
-        """Make the request start from cached state `src_slot` (copied on the forward stream)."""
+    def seed(self, req: Any, src_slot: int) -> bool:
+        """Make the request start from cached state `src_slot` (copied on the forward stream);
+        False, leaving the request untouched, when it has no live slot and none can be freed
+        (every slot held by running requests: the hit then cannot be used)."""
         if not req.kv.holds_mamba:
-            req.kv.mamba_pool_idx = self.alloc_slot()[0]
+            slot = self.try_alloc_slot()
+            if slot is None:
+                return False
+            req.kv.mamba_pool_idx = slot[0]
         device = req.kv.mamba_pool_idx.device
         req.kv.mamba_cow_src_index = torch.tensor([src_slot], dtype=torch.int64, device=device)
         req.kv.mamba_needs_clear = False
+        return True
 
     # ------------------------------------------------------------------ checkpoints
 

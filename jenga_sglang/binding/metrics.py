@@ -23,6 +23,9 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:prefill_held_back_total       admissions put off one round to hit a checkpoint
     jenga:shared_branches_total         in-batch branch points added to a request's captures
                                         another request captures (binding/shared_prefill.py)
+    jenga:hits_unseeded_total           hits not used: no Mamba slot could be freed to copy
+                                        the hit's state into (every slot held by running
+                                        requests; binding/mamba_state.py)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.
@@ -52,6 +55,7 @@ class Snapshot:
     prefill_cuts: int = 0
     held_back: int = 0
     shared_branches: int = 0
+    unseeded: int = 0
 
 
 def _families() -> dict[str, Any]:
@@ -115,6 +119,11 @@ def _families() -> dict[str, Any]:
             "Branch points of two requests admitted together, captured by the first",
             names,
         ),
+        unseeded=Counter(
+            "jenga:hits_unseeded",
+            "Hits not used: no Mamba slot could be freed to copy the hit's state into",
+            names,
+        ),
     )
     return _FAMILIES
 
@@ -144,6 +153,7 @@ class JengaMetrics:
             ("cuts", now.prefill_cuts, last.prefill_cuts),
             ("held_back", now.held_back, last.held_back),
             ("shared_branches", now.shared_branches, last.shared_branches),
+            ("unseeded", now.unseeded, last.unseeded),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)
