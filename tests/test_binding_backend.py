@@ -277,7 +277,7 @@ def test_unified_pool_state_admission_evicts_kv(sg: Any, unified: Any, path: str
         assert (result.num_tokens_evicted, result.mamba_num_evicted) == (1000, 0)
         slot = mamba.alloc(1)
     else:  # our admission forks the live state at a branch point into a fresh slot
-        slot = cache.handover.alloc_slot()
+        slot = cache.handover.try_alloc_slot()
     # LRU's victim is the older entry; its 1000 tokens of bytes hold a state, so the
     # checkpointed chat stays (asking for freed *state slots* would have evicted it too).
     assert slot is not None
@@ -294,7 +294,7 @@ def test_unified_pool_kv_allocation_drops_one_state(sg: Any, unified: Any) -> No
     cache, allocator, _ = unified
     chats = [list(range(k * 1000, k * 1000 + 200)) for k in range(1, 5)]
     for tokens in chats:  # 4 x (200 tokens + 1 state) = 2435 tokens of bytes: full after 3
-        _insert(sg, cache, allocator, tokens, state=cache.handover.alloc_slot())
+        _insert(sg, cache, allocator, tokens, state=cache.handover.try_alloc_slot())
     # The fourth state evicted the first chat (LRU) whole: 3 chats are left, and
     # 2043.75 - 600 - 3 x 408.75 = 217.5 tokens of bytes.
     assert cache.evictable_size() == 600 and cache.mamba_evictable_size() == 3

@@ -16,6 +16,7 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
   extra buffer the state SGLang tracked (`mamba_last_track_seqlen`, a ping-pong slot) is donated
   when it lies at a planned position (prefill_cut aligns the chunks so that it can); the
   request gets a fresh ping-pong slot in exchange. A tracked state not donated stays named.
+  With no slot to be had for the fork or the exchange, the checkpoint is not kept.
 * **finish** (`capture`, finished): the request's state is handed over, not copied: its live
   slot (no buffer, state after `up_to` tokens) or its latest tracked slot (extra buffer, state
   after `mamba_last_track_seqlen` tokens, since with overlap scheduling the live slot may run
@@ -73,15 +74,6 @@ class StateHandOver:
             slot = self.pool.mamba_allocator.alloc(1)
         return slot  # type: ignore[no-any-return]
 
-    def alloc_slot(self) -> torch.Tensor:
-        slot = self.try_alloc_slot()
-        if slot is None:
-            raise RuntimeError(
-                "jenga: no Mamba slot free after eviction; raise --max-mamba-cache-size "
-                f"(pool size {self.pool.mamba_pool.size})"
-            )
-        return slot
-
     # ------------------------------------------------------------------ hit
 
     def seed(self, req: Any, src_slot: int) -> bool:
@@ -114,7 +106,9 @@ class StateHandOver:
             return Captured(up_to, slot, donated=True)
         if up_to not in planned:
             return None
-        fork = self.alloc_slot()
+        fork = self.try_alloc_slot()
+        if fork is None:
+            return None  # every slot held by running requests: this checkpoint is not kept
         live = req.kv.mamba_pool_idx.reshape(1)
         translate = self.pool.translate_mamba_indices
         self.pool.copy_mamba_state(translate(live), translate(fork))
@@ -134,7 +128,10 @@ class StateHandOver:
             return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
         if tracked not in planned:
             return None
-        donated = self.pool.donate_mamba_ping_pong_slot(req, self.alloc_slot())
+        fresh = self.try_alloc_slot()
+        if fresh is None:
+            return None  # as above; the tracked state stays named for the finish
+        donated = self.pool.donate_mamba_ping_pong_slot(req, fresh)
         return Captured(tracked, donated.reshape(1).to(torch.int64), donated=False)
 
     def _previous_tracked(self, req: Any, keep: int) -> tuple[int | None, int]:
