@@ -56,6 +56,9 @@ class HostTier(Evictor):
         self.dropped_states = 0  # host checkpoints evicted from host memory
         self.write_bytes = 0  # device -> host, cumulative
         self.load_bytes = 0  # host -> device, cumulative
+        # of which: the parts of nodes moved whole past where a request left them
+        # (radix/host_load.py), which a live tier would leave on host
+        self.past_bytes = 0
 
     def prepare(
         self,

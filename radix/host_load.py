@@ -86,6 +86,7 @@ def prepare(
     else:
         load_bytes += beyond
         host.load_bytes += load_bytes
+        host.past_bytes += beyond
     walk = tree.walk(seq, namespace=namespace)  # the request's namespace (radix/spaces.py)
     full = walk.prefix(whole)  # the input's walk: admission plans on where it leaves the tree
     assert tree.match_walk(full.prefix(hit)).length == hit, f"{hit} tokens not on the device"

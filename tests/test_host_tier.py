@@ -290,6 +290,7 @@ def test_a_request_leaving_a_host_node_mid_edge_sees_it_mid_edge() -> None:
     assert (branch.length, branch.at_node_end, branch.tail) == (6, False, 6)
     assert found.length == host_hit == 0, "no checkpoint at 6: nothing to hit"
     assert load_bytes == 6 * KV_TOKEN, "A's part past the walk crossed; [0, 6) is recomputed"
+    assert tier_.past_bytes == load_bytes, "and is counted as such"
     assert not a.host and (a.start, a.end) == (0, 12)
     cache.check_integrity()
 
