@@ -117,6 +117,14 @@ class HostEviction(FlopAwareEviction):
             return True
         return node.host_state is not None
 
+    def update(self, node: Node) -> None:
+        # Here, not inherited: compiled (scripts/build_compiled.py), the base class's update
+        # calls its own static is_candidate, never an interpreted subclass's.
+        if self.is_candidate(node):
+            self._rank(node)
+        else:
+            self._discard(node)
+
     def bind_cost(self, node_flops: NodeCost) -> None:
         super().bind_cost(node_flops)
         self._spec_cost = _spec_cost(node_flops)

@@ -127,6 +127,10 @@ for mode in ("sequential", "engine"):
         config = RunConfig(trace=sys.argv[1], model="marconi-7b", cache_gb=0.15, policy=policy,
                            mode=mode, check=True)
         print(json.dumps(run(config)))
+for policy in ("jenga", "sglang-lru", "vllm-blocks"):  # a host tier under them (radix/host.py)
+    config = RunConfig(trace=sys.argv[1], model="marconi-7b", cache_gb=0.1, policy=policy,
+                       host_gb=0.2, check=True)
+    print(json.dumps(run(config)))
 print(json.dumps({"compiled": compiled()}))
 """
 
@@ -177,7 +181,9 @@ def test_compiled_build_decides_like_pure_python(tmp_path: Path) -> None:
     fast, was_compiled = replays(copy, trace)
     assert was_compiled and all(r["compiled"] for r in fast)
     assert [decisions(r) for r in fast] == [decisions(r) for r in pure]
-    tuned = {r["policy"]: r["tunings"] for r in pure if r["mode"] == "sequential"}
+    tuned = {
+        r["policy"]: r["tunings"] for r in pure if r["mode"] == "sequential" and not r["host_gb"]
+    }
     assert tuned["jenga"] > 0 and tuned["marconi"] > 0  # snapshots were pickled and replayed
 
     # The tree, policy and replay tests against the compiled copy (found first from its cwd).
@@ -186,6 +192,7 @@ def test_compiled_build_decides_like_pure_python(tmp_path: Path) -> None:
         "test_policies.py",
         "test_replay.py",
         "test_background_tuning.py",
+        "test_host_tier.py",
     ]
     done = subprocess.run(
         [

@@ -127,7 +127,7 @@ def test_state_only_demotion_keeps_the_kv_on_the_device() -> None:
 
 
 def test_the_policy_drops_what_it_expects_dead() -> None:
-    class Dead(LruEviction):
+    class Dead(FlopAwareEviction):  # (compiled, LRU takes no interpreted subclass)
         def expects_reuse(self, node: Node) -> bool:
             return False
 
@@ -164,7 +164,7 @@ def test_a_declined_load_recomputes_and_adopts_the_host_nodes() -> None:
 def test_dropping_a_device_leaf_drops_its_host_descendants() -> None:
     """A branch its device policy expects dead is dropped, and what hangs below it goes too."""
 
-    class DeadBranch(LruEviction):
+    class DeadBranch(FlopAwareEviction):
         def expects_reuse(self, node: Node) -> bool:
             return node.end != 8
 
@@ -172,8 +172,8 @@ def test_dropping_a_device_leaf_drops_its_host_descendants() -> None:
     serve(cache, seq(0, 8).concat(seq(100, 4)), seq(900, 1))
     serve(cache, seq(0, 8).concat(seq(200, 4)), seq(901, 1))
     (branch,) = cache.root.children.values()
-    for _ in range(2):
-        cache.tree.evict_for(cache.kv_types[0])  # both tails go to host
+    for tail in list(branch.children.values()):
+        assert tier(cache).evict(tail), "both tails go to host"
     assert len(branch.host_children) == 2 and not branch.children
     cache.tree.evict_for(cache.kv_types[0])  # the branch itself is dropped, not demoted
     cache.check_integrity()
