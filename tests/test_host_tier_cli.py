@@ -68,10 +68,10 @@ def test_a_hicache_sweep_sizes_each_host_before_it_validates(trace: Path) -> Non
     from jenga_sglang.bench.cli.main import _sweep_grid, build_parser
     from jenga_sglang.bench.runs.sweep import grid
 
+    caches = ["--caches", "sglang-native-hicache,jenga", "--policies", "jenga"]
+    host = ["--host-gb", "4x", "--hicache-write-policy", "write_back"]
     args = build_parser().parse_args(
-        ["sweep", "--trace", str(trace), "--cache-gb", "5,10", "--caches"]
-        + ["sglang-native-hicache,jenga", "--policies", "jenga", "--host-gb", "4x"]
-        + ["--hicache-write-policy", "write_back"]
+        ["sweep", "--trace", str(trace), "--cache-gb", "5,10", *caches, *host]
     )
     configs = _sweep_grid(args, grid)
     sizes = {(c.cache, c.cache_gb, c.host_gb, c.hicache_write) for c in configs}
