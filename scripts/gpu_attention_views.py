@@ -6,7 +6,7 @@ a gpt-oss-like sliding-window pool (window lists, window mask, attention sinks),
 and 64 tokens and float32, bfloat16 and float16 KV, each of the extend, deterministic-extend and
 decode kernels must give the same output on the pool's views as on contiguous copies, bit for
 bit, and close to a float64 reference, while a view read with the contiguous row stride must
-not. The views are pool/layout.py's slot views, built as binding/pool_build.py builds them (the
+not. The views are pool/layout.py's slot views, built as binding/pools/build.py builds them (the
 CPU test checks that SGLang's pools hand out exactly these).
 
 Usage, from the repository root (SGLang is needed only for the first step, which copies its
@@ -78,7 +78,7 @@ def _kv(name: str, dtype: torch.dtype) -> AttentionGroup:
 
 
 def _layout(spec: ModelSpec, page: int, device: str) -> PoolLayout:
-    """binding/pool_build.py `paged_layout` on the GPU: unpadded pages, token-major above one
+    """binding/pools/build.py `paged_layout` on the GPU: unpadded pages, token-major above one
     token, a sink row in front."""
     geometry = geometry_for_spec(spec, tokens_per_page=page)
     for group in spec.attention_groups:
@@ -102,7 +102,7 @@ def _layers(
     page: int, dtype: torch.dtype, gen: torch.Generator, device: str
 ) -> Iterator[tuple[str, Layer]]:
     """The Mamba hybrid's last attention layer; the sliding-window pool's last window and last
-    full layer, with sinks (pool_build.py `storage_spec` / `swa_storage_spec` shapes)."""
+    full layer, with sinks (pools/build.py `storage_spec` / `swa_storage_spec` shapes)."""
     dt = _dtype(dtype)
     mamba = MambaGroup("mamba", 2, (3, 8), dt, (1, 4, 8), dt, 1.0)
     hybrid = _layout(

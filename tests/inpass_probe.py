@@ -82,7 +82,7 @@ class GatherCheck:
     used (from the packed inputs, and the row's live slot for inputs before the chunk)."""
 
     def __init__(self) -> None:
-        import jenga_sglang.binding.capture_forward as hooks
+        import jenga_sglang.binding.capture.forward as hooks
 
         self.calls = 0
         self.mismatches = 0
@@ -120,8 +120,8 @@ class Probe:
         from sglang.benchmark.one_batch import TreeCacheNamespace
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-        from jenga_sglang.binding.backend import JengaRadixCache
-        from jenga_sglang.binding.factory import captures_in_pass, spec_from_model_config
+        from jenga_sglang.binding.cache.backend import JengaRadixCache
+        from jenga_sglang.binding.cache.factory import captures_in_pass, spec_from_model_config
         from jenga_sglang.binding.options import JengaOptions
 
         self.mr = runner
@@ -166,7 +166,7 @@ class Probe:
 
     def admit(self, ids: list[int], positions: tuple[int, ...] | None = None) -> Any:
         """Match (our cache), lock the hit as PrefillAdder does; `positions` replaces the plan."""
-        from jenga_sglang.binding.plans import Planned
+        from jenga_sglang.binding.cache.plans import Planned
 
         r = self.req(ids)
         r.init_next_round_input(self.cache)

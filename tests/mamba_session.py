@@ -88,7 +88,7 @@ class Session:
         prompt_end: bool = False,
         extra_buffer: bool = False,
     ) -> None:
-        from jenga_sglang.binding.backend import JengaRadixCache
+        from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
 
@@ -263,7 +263,7 @@ class Session:
         req.kv.kv_allocated_len = end
 
     def state_node(self, toks: Sequence[int], pos: int, namespace: str | None = None) -> Any:
-        """The node ending at `pos` along `toks` (in `namespace`: binding/namespaces.py)."""
+        """The node ending at `pos` along `toks` (in `namespace`: binding/cache/namespaces.py)."""
         from jenga_sglang.radix.tokens import TokenSeq
 
         walk = self.cache.cache.tree.walk(TokenSeq.of(list(toks)), namespace=namespace)

@@ -74,13 +74,13 @@ def window_params(page: int, full: int, swa: int) -> Any:
 
 def jenga_window_params(budget_bytes: int, page: int = 1) -> Any:
     """The same model on the Jenga pool: full and window KV carved from one buffer
-    (binding/pool_build.py `build_jenga_swa_pools`)."""
+    (binding/pools/build.py `build_jenga_swa_pools`)."""
     import torch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from jenga_sglang.binding.pool_build import KVShape, build_jenga_swa_pools
+    from jenga_sglang.binding.pools.build import KVShape, build_jenga_swa_pools
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
     pools = build_jenga_swa_pools(
@@ -128,8 +128,8 @@ class SwaSession:
         from sglang.srt.mem_cache import allocation, common
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        from jenga_sglang.binding.backend import JengaRadixCache
-        from jenga_sglang.binding.compat import sglang_windows
+        from jenga_sglang.binding.cache.backend import JengaRadixCache
+        from jenga_sglang.binding.cache.compat import sglang_windows
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
 
         self.torch, self.Req, self.FINISH_LENGTH = torch, Req, FINISH_LENGTH
@@ -247,7 +247,7 @@ class SwaSession:
 
     def check_pools(self) -> None:
         """Idle: every full and window slot is free or the tree's, once; the tree's full
-        slots name the window slots it holds (window_slots.py's invariant)."""
+        slots name the window slots it holds (slots/windows.py's invariant)."""
         cache = self.cache
         cache.sanity_check()
         tree = cache.cache.tree

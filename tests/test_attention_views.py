@@ -7,7 +7,7 @@ row's own `kv_heads x head_dim` (pool/layout.py). SGLang's Triton backend hands
 deterministic-extend and decode kernels (tests/attention_views.py calls them as the backend
 does).
 
-Here the pools are the ones the server builds (binding/pool_build.py: the Mamba-hybrid pool, and
+Here the pools are the ones the server builds (binding/pools/build.py: the Mamba-hybrid pool, and
 the sliding-window pool of a gpt-oss-like model with its window lists, window size and attention
 sinks), at pages of 1, 16 and 64 tokens. Each kernel's output on the pool's views must equal its
 output on contiguous copies of the same values bit for bit, and be close to a float64 reference
@@ -65,8 +65,8 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _mamba_hybrid_layer(page: int, gen: torch.Generator) -> Layer:
     """The last full-attention layer of a Mamba hybrid's pool (layers 0, 2 Mamba, 1, 3
-    attention), as binding/pool_hook.py builds it; its buffers are the layout's slot views."""
-    from jenga_sglang.binding.pool_build import (
+    attention), as binding/pools/hook.py builds it; its buffers are the layout's slot views."""
+    from jenga_sglang.binding.pools.build import (
         KV_TYPE,
         KVShape,
         build_jenga_pools,
@@ -106,11 +106,11 @@ def _mamba_hybrid_layer(page: int, gen: torch.Generator) -> Layer:
 
 def _swa_layers(page: int, gen: torch.Generator) -> tuple[Layer, Layer]:
     """The last window layer and the last full layer of a gpt-oss-like pool (layers 0, 2
-    sliding window, 1, 3 full, sinks on every layer), as binding/swa_pool_hook.py builds it.
+    sliding window, 1, 3 full, sinks on every layer), as binding/pools/swa_hook.py builds it.
     Full and window pages come from different large pages, as the pool carves them."""
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    from jenga_sglang.binding.pool_build import (
+    from jenga_sglang.binding.pools.build import (
         FULL_TYPE,
         WINDOW_TYPE,
         KVShape,

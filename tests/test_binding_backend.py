@@ -99,7 +99,7 @@ def _params(mamba: bool, kv_size: int, extra_buffer: bool = False) -> Any:
 
 
 def _cache(sg: Any, mamba: bool, kv_size: int = 256, **opts: Any) -> tuple[Any, Any, Any]:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.models import get_spec
 
@@ -240,7 +240,7 @@ def unified(sg: Any) -> Any:
 
     from jenga_sglang.bench.drivers import sglang_pools
     from jenga_sglang.bench.drivers.sglang_split import SglangSplit
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
     from jenga_sglang.models import get_spec
 

@@ -1,4 +1,5 @@
-"""The start-up compatibility check (binding/compat.py) and docs/models.md agree with SGLang."""
+"""The start-up compatibility check (binding/cache/compat.py) and docs/models.md agree with
+SGLang."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from typing import Any
 import pytest
 
 from jenga_sglang.bench.drivers.tiny_families import family_config
-from jenga_sglang.binding.compat import (
+from jenga_sglang.binding.cache.compat import (
     FAMILIES,
     UnsupportedModelError,
     check_servable,
     family_of,
     fold_windows,
 )
-from jenga_sglang.binding.factory import build_tree_cache
+from jenga_sglang.binding.cache.factory import build_tree_cache
 from jenga_sglang.models import spec_from_hf_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def test_tiny_family_configs_build_specs_that_match_their_layer_mix() -> None:
 
 
 def test_pure_mamba2_gets_a_nominal_token_slot_group_and_keeps_its_state() -> None:
-    from jenga_sglang.binding.compat import TOKEN_SLOTS, with_token_slots
+    from jenga_sglang.binding.cache.compat import TOKEN_SLOTS, with_token_slots
 
     spec = spec_from_hf_config(family_config("mamba2", 512))
     assert not spec.attention_groups

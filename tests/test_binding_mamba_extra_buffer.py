@@ -177,7 +177,7 @@ def test_branch_off_the_track_grid_is_not_donated(sg: Any, s: Session) -> None:
 
 
 def _cut(s: Session) -> Any:
-    from jenga_sglang.binding.prefill_cut import cut_position
+    from jenga_sglang.binding.capture.prefill_cut import cut_position
 
     return lambda req: cut_position(s.cache, req)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.binding.plans import Planned, RequestPlans
+from jenga_sglang.binding.cache.plans import Planned, RequestPlans
 from tests.mamba_session import Session, expected, load_sg, tokens
 
 pytestmark = pytest.mark.sglang

@@ -32,7 +32,7 @@ def _metered(sg: Any) -> Session:
     """A session whose cache exports metrics, as rank 0 of a one-GPU scheduler."""
     from sglang.srt.runtime_context import get_parallel
 
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
 
     s = Session(sg)
     params = dataclasses.replace(s.cache_params, enable_metrics=True)
@@ -74,7 +74,7 @@ def test_rewriting_and_ghost_branch_points_are_exported(sg: Any) -> None:
     SGLang's own collector registers once, so this one syncs by hand)."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    from jenga_sglang.binding.metrics import JengaMetrics
+    from jenga_sglang.binding.cache.metrics import JengaMetrics
 
     s = Session(sg, admission="jenga")
     admission = s.cache.cache.admission
@@ -96,7 +96,7 @@ def test_rewriting_and_ghost_branch_points_are_exported(sg: Any) -> None:
 
 def test_families_registered_once_per_process(sg: Any) -> None:
     """A second cache in the process (SGLang builds one per scheduler) reuses the families."""
-    from jenga_sglang.binding.metrics import JengaMetrics
+    from jenga_sglang.binding.cache.metrics import JengaMetrics
 
     labels = {"cache_type": "JengaRadixCache", "tp_rank": 1, "pp_rank": 0, "dp_rank": 0}
     first, second = JengaMetrics(labels), JengaMetrics(labels)  # a re-registration would raise

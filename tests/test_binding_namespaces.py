@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.binding.namespaces import namespace_of
+from jenga_sglang.binding.cache.namespaces import namespace_of
 from tests.mamba_session import Session, expected, load_sg, tokens
 from tests.test_binding_backend import _cache
 
@@ -180,7 +180,7 @@ def _waiting(rid: str, ids: list[int], prefix: int, salt: str | None) -> Any:
 
 @pytest.fixture
 def inpass_cache(sg: Any) -> Any:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
     from tests.test_binding_backend import _params
@@ -191,8 +191,8 @@ def inpass_cache(sg: Any) -> Any:
 
 
 def test_a_request_waits_only_for_captures_of_its_own_namespace(inpass_cache: Any) -> None:
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     system = list(range(10, 110))  # 100 shared tokens past the cached 20
     a = _waiting("a", system + [1] * 30, 20, "x")
@@ -209,8 +209,8 @@ def test_a_request_waits_only_for_captures_of_its_own_namespace(inpass_cache: An
 def test_a_new_branch_is_planned_only_for_a_request_of_the_same_namespace(
     inpass_cache: Any,
 ) -> None:
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     system = list(range(10, 410))  # 400 uncached tokens two requests share
     a = _waiting("a", system + [1] * 60, 0, "x")
@@ -226,10 +226,10 @@ def test_captures_in_flight_hold_back_nobody_while_a_namespace_has_one(
     inpass_cache: Any,
 ) -> None:
     """A capture in flight does not say whose it is: with one of a named namespace in flight,
-    waiting for captures in flight stops (shared_prefill.py); without, it is as before."""
-    from jenga_sglang.binding.captures import PendingCaptures
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    waiting for captures in flight stops (capture/shared_prefill.py); without, it is as before."""
+    from jenga_sglang.binding.cache.captures import PendingCaptures
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     slots = [3, 4]
     inpass_cache.captures = PendingCaptures(lambda: slots.pop() if slots else None, print)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jenga_sglang.binding.factory import UnsupportedModelError, spec_from_model_config
+from jenga_sglang.binding.cache.factory import UnsupportedModelError, spec_from_model_config
 from jenga_sglang.binding.options import (
     SERVER_POLICY,
     JengaFlagError,
@@ -251,7 +251,7 @@ def test_unsupported_architecture_is_named() -> None:
 
 
 def test_server_tuning_runs_off_the_request_path_only_when_alpha_is_auto() -> None:
-    from jenga_sglang.binding.policy import build_tuner
+    from jenga_sglang.binding.cache.policy import build_tuner
 
     tuner = build_tuner(JengaOptions(enabled=True))
     assert tuner is not None and tuner.background is not None and tuner.background.lag >= 1

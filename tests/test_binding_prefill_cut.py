@@ -1,4 +1,4 @@
-"""The chunk cut at planned branch points (binding/prefill_cut.py), around a stand-in adder.
+"""The chunk cut at planned branch points (binding/capture/prefill_cut.py), around a stand-in adder.
 
 The stand-in `original` does what PrefillAdder's methods do to the fields the hooks read:
 admit the request into `can_run_list` with `extend_end` set by the token budget, and name it
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.binding.prefill_cut import (
+from jenga_sglang.binding.capture.prefill_cut import (
     around_add_chunked_req,
     around_add_one_req,
     extra_buffer_cut,
@@ -27,7 +27,7 @@ CONTINUE, OTHER = "continue", "other"
 
 @pytest.fixture(scope="module")
 def jenga_cache() -> Any:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
 
@@ -36,7 +36,7 @@ def jenga_cache() -> Any:
 
 @pytest.fixture(scope="module")
 def extra_buffer_cache() -> Any:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
 
@@ -85,7 +85,7 @@ def test_a_new_request_stops_at_its_branch_and_ends_the_round(jenga_cache: Any) 
 
 
 def test_no_cut_when_the_forward_captures_in_pass() -> None:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
 
@@ -170,7 +170,7 @@ def _waiting(rid: str, ids: list[int], prefix: int, extend_end: int | None = Non
 
 @pytest.fixture
 def inpass_cache() -> Any:
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
 
@@ -180,8 +180,8 @@ def inpass_cache() -> Any:
 
 
 def test_a_request_waits_for_the_checkpoint_an_admitted_one_captures(inpass_cache: Any) -> None:
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     system = list(range(10, 110))  # 100 shared tokens past the cached 20
     a = _waiting("a", system + [1] * 30, prefix=20)
@@ -208,8 +208,8 @@ def test_a_request_waits_for_the_checkpoint_an_admitted_one_captures(inpass_cach
 def test_two_new_requests_parting_after_a_shared_prefix_capture_it_once(
     inpass_cache: Any,
 ) -> None:
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     system = list(range(10, 410))  # 400 tokens nobody has cached: no tree node, no plan there
     a = _waiting("a", system + [1] * 60, prefix=0)
@@ -228,9 +228,9 @@ def test_two_new_requests_parting_after_a_shared_prefix_capture_it_once(
 
 
 def test_a_capture_still_in_flight_holds_a_sharing_request_back(inpass_cache: Any) -> None:
-    from jenga_sglang.binding.captures import PendingCaptures
-    from jenga_sglang.binding.plans import Planned
-    from jenga_sglang.binding.shared_prefill import should_wait
+    from jenga_sglang.binding.cache.captures import PendingCaptures
+    from jenga_sglang.binding.cache.plans import Planned
+    from jenga_sglang.binding.capture.shared_prefill import should_wait
 
     slots = [3]
     inpass_cache.captures = PendingCaptures(lambda: slots.pop() if slots else None, print)
@@ -247,7 +247,7 @@ def test_a_capture_still_in_flight_holds_a_sharing_request_back(inpass_cache: An
 
 
 def test_held_back_requests_give_back_their_staged_slot(inpass_cache: Any) -> None:
-    from jenga_sglang.binding.plans import Planned
+    from jenga_sglang.binding.cache.plans import Planned
 
     system = list(range(10, 110))
     a = _waiting("a", system + [1] * 30, prefix=20)
@@ -277,7 +277,7 @@ def test_prompt_end_of_a_request_that_does_not_decode(extra_buffer: bool) -> Non
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
     from jenga_sglang.models import get_spec
 

@@ -111,7 +111,7 @@ def test_sglang_sizes_over_the_jenga_pool_are_in_tokens(page: int) -> None:
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
     from swa_session import jenga_window_params
 
-    from jenga_sglang.binding.pool_hook import after_configure
+    from jenga_sglang.binding.pools.hook import after_configure
 
     params = jenga_window_params(8 * 2 * 600, page)
     allocator = params.token_to_kv_pool_allocator

@@ -1,4 +1,4 @@
-"""SGLang's usage figures over the Jenga pool (binding/usage.py).
+"""SGLang's usage figures over the Jenga pool (binding/pools/usage.py).
 
 SGLang's own `SchedulerPoolStatsObserver._get_mamba_token_info` runs on our real pool objects
 (built as in test_sglang_jenga_pool.py) and a stub tree; our AFTER hook must turn its Mamba figure
@@ -28,7 +28,7 @@ def torch_mod() -> Any:
 
 
 def _pools(torch: Any) -> Any:
-    from jenga_sglang.binding.pool_build import (
+    from jenga_sglang.binding.pools.build import (
         KVShape,
         build_jenga_pools,
         static_split_bytes,
@@ -77,7 +77,7 @@ def _stats(pools: Any, **evictable: int) -> tuple[Any, Any]:
         SchedulerPoolStatsObserver,
     )
 
-    from jenga_sglang.binding.usage import after_mamba_token_info
+    from jenga_sglang.binding.pools.usage import after_mamba_token_info
 
     observer = _observer(pools, **evictable)
     stock = SchedulerPoolStatsObserver._get_mamba_token_info(observer)
@@ -127,7 +127,7 @@ def test_usage_is_over_what_each_type_can_hold_now(torch_mod: Any) -> None:
 
 
 def test_stock_pools_keep_sglangs_figure() -> None:
-    from jenga_sglang.binding.usage import after_mamba_token_info
+    from jenga_sglang.binding.pools.usage import after_mamba_token_info
 
     observer = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_allocator=object()))
     assert after_mamba_token_info(SimpleNamespace(mamba_num_used=3), observer) is None

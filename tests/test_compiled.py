@@ -89,7 +89,7 @@ def test_a_stale_build_is_set_aside_at_import(tmp_path: Path) -> None:
         finder = sys.meta_path[0]
         spec = finder.find_spec("jenga_sglang.radix.tree", None)
         assert spec is not None and spec.origin == str(reg.source("jenga_sglang.radix.tree"))
-        assert finder.find_spec("jenga_sglang.binding.backend", None) is None
+        assert finder.find_spec("jenga_sglang.binding.cache.backend", None) is None
         reg.prefer_sources()
         assert len(sys.meta_path) == len(before) + 1  # one finder, however often asked
     finally:

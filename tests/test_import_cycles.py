@@ -129,7 +129,7 @@ def test_the_graph_sees_lazy_imports_and_the_symlinked_folders() -> None:
     graph = import_graph()
     assert "jenga_sglang.radix.tree" in graph and "jenga_sglang.bench.cli.main" in graph
     # imported inside register(), not at module level
-    assert "jenga_sglang.binding.pool_hook" in graph["jenga_sglang.binding.plugin"]
+    assert "jenga_sglang.binding.pools.hook" in graph["jenga_sglang.binding.plugin"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -141,3 +141,31 @@ def test_no_import_cycles() -> None:
 def test_no_import_cycles_between_subpackages() -> None:
     found = cycles(package_graph(import_graph()))
     assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+#: The binding's groups by layer (jenga_sglang/binding/__init__.py): a group imports only from
+#: lower layers and its own.
+BINDING_LAYERS = {"capture": 2, "pools": 2, "cache": 1, "slots": 0}
+
+
+def test_binding_groups_import_one_way() -> None:
+    """capture and pools sit above cache, cache above slots; none imports one above it (or a
+    sibling: capture and pools are independent)."""
+    graph = import_graph()
+    prefix = f"{PACKAGE}.binding."
+
+    def group(module: str) -> str | None:
+        rest = module.removeprefix(prefix).split(".")
+        return rest[0] if module.startswith(prefix) and len(rest) > 1 else None
+
+    wrong = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if (g := group(m)) in BINDING_LAYERS
+        and (h := group(t)) in BINDING_LAYERS
+        and g != h
+        and BINDING_LAYERS[h] >= BINDING_LAYERS[g]
+    )
+    assert not wrong, "\n".join(wrong)
+    assert {group(m) for m in graph} >= set(BINDING_LAYERS)

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from jenga_sglang.binding.capture_geometry import plan_mamba2
-from jenga_sglang.binding.captures import Capture, PendingCaptures
+from jenga_sglang.binding.cache.captures import Capture, PendingCaptures
+from jenga_sglang.binding.capture.geometry import plan_mamba2
 from jenga_sglang.kernels.conv_gather import NO_INIT
 from jenga_sglang.kernels.ssd_capture import NO_STATE
 
@@ -194,7 +194,7 @@ def test_mamba2_mixer_architectures_match_sglangs_model_files() -> None:
     import importlib.util
     import re
 
-    from jenga_sglang.binding.factory import MAMBA2_MIXER_ARCHS
+    from jenga_sglang.binding.cache.factory import MAMBA2_MIXER_ARCHS
 
     spec = importlib.util.find_spec("sglang.srt.models")
     assert spec is not None and spec.submodule_search_locations

@@ -17,8 +17,8 @@ import pytest
 import torch
 import triton_cpu  # noqa: F401  (interpreter patches before the kernels import triton)
 
-from jenga_sglang.binding.capture_geometry import Geometry, plan_mamba2
-from jenga_sglang.binding.captures import Capture
+from jenga_sglang.binding.cache.captures import Capture
+from jenga_sglang.binding.capture.geometry import Geometry, plan_mamba2
 from jenga_sglang.kernels.ssd_capture import NO_STATE, SsdCaptures, capture_ssd_states
 
 pytestmark = [pytest.mark.exactness, pytest.mark.sglang]

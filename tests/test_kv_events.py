@@ -1,4 +1,4 @@
-"""KV events of the jenga cache (binding/kv_events.py) over SGLang's CPU pools.
+"""KV events of the jenga cache (binding/slots/kv_events.py) over SGLang's CPU pools.
 
 A router that follows the events holds exactly the blocks of the paths that end at a
 checkpoint (Mamba) or at a KV page (attention only), after any mix of inserts and evictions:
@@ -21,7 +21,7 @@ SHARED = [7 + (3 * i) % 50 for i in range(40)]
 def _setup(mamba: bool) -> tuple[Any, Any, Any]:
     from test_binding_backend import _cache
 
-    from jenga_sglang.binding.kv_events import attach
+    from jenga_sglang.binding.slots.kv_events import attach
 
     cache, allocator, req_pool = _cache(_sg(), mamba)
     events = attach(cache, True)

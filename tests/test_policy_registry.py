@@ -11,6 +11,7 @@ from radix_helpers import hybrid_spec
 
 from jenga_sglang.bench.cli.main import main
 from jenga_sglang.bench.runs.runner import RunConfig, validate
+from jenga_sglang.binding.cache.policy import build_tuner as server_tuner
 from jenga_sglang.binding.options import (
     SERVER_POLICY,
     JengaFlagError,
@@ -18,7 +19,6 @@ from jenga_sglang.binding.options import (
     check_conflicts,
     options_from_namespace,
 )
-from jenga_sglang.binding.policy import build_tuner as server_tuner
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.branching import BranchLearningAdmission
 from jenga_sglang.policies.bundles import build_policies

@@ -5,7 +5,7 @@ One server per Mamba cache strategy, with a small pool (`--max-total-tokens 128
 
 1. six concurrent streaming requests, the third cancelled after 3 chunks: every other one
    streams to its end, and SGLang retracts requests ("KV cache pool is full") on the way;
-2. SGLang's usage figures in its log are non-zero under that load (binding/usage.py);
+2. SGLang's usage figures in its log are non-zero under that load (binding/pools/usage.py);
 3. bad inputs get 400s and the server stays up: empty, overlong, out-of-vocabulary ids
    (binding/vocab_check.py);
 4. an idle period, during which SGLang's scheduler runs its leak check on every idle loop

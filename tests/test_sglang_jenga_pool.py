@@ -55,7 +55,7 @@ def _pools(
     rows: int = 4,
     page_size: int = 1,
 ) -> Any:
-    from jenga_sglang.binding.pool_build import (
+    from jenga_sglang.binding.pools.build import (
         KVShape,
         build_jenga_pools,
         static_split_bytes,
@@ -92,7 +92,7 @@ def _layer(layer_id: int) -> Any:
 
 
 def test_kv_written_through_sglang_is_read_through_our_views(sg: Any) -> None:
-    from jenga_sglang.binding.pool_build import KV_TYPE
+    from jenga_sglang.binding.pools.build import KV_TYPE
 
     pools = _pools(sg)
     torch, layout = sg.torch, pools.layout
@@ -117,7 +117,7 @@ def test_kv_written_through_sglang_is_read_through_our_views(sg: Any) -> None:
 
 
 def test_mamba_state_through_sglang_pool_is_our_bytes(sg: Any) -> None:
-    from jenga_sglang.binding.pool_build import STATE_TYPE
+    from jenga_sglang.binding.pools.build import STATE_TYPE
 
     pools = _pools(sg)
     torch, layout = sg.torch, pools.layout
@@ -139,7 +139,7 @@ def test_mamba_state_through_sglang_pool_is_our_bytes(sg: Any) -> None:
 
 
 def test_a_large_page_used_as_kv_is_reused_for_states_without_moving(sg: Any) -> None:
-    from jenga_sglang.binding.pool_build import KV_TYPE, STATE_TYPE
+    from jenga_sglang.binding.pools.build import KV_TYPE, STATE_TYPE
 
     pools = _pools(sg, reserve=0)
     torch, layout, shared = sg.torch, pools.layout, pools.shared
@@ -166,7 +166,7 @@ def test_a_large_page_used_as_kv_is_reused_for_states_without_moving(sg: Any) ->
 
 
 def test_allocator_contract_and_conservation(sg: Any) -> None:
-    from jenga_sglang.binding.pool_build import KV_TYPE, STATE_TYPE
+    from jenga_sglang.binding.pools.build import KV_TYPE, STATE_TYPE
 
     pools = _pools(sg, reserve=2)
     shared = pools.shared
@@ -212,9 +212,9 @@ def _backend(sg: Any, pools: Any) -> Any:
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
     from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
-    from jenga_sglang.binding.pool_build import storage_spec
+    from jenga_sglang.binding.pools.build import storage_spec
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
     params = CacheInitParams(
@@ -223,7 +223,7 @@ def _backend(sg: Any, pools: Any) -> Any:
         token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
         page_size=1,
     )
-    from jenga_sglang.binding.pool_build import KVShape
+    from jenga_sglang.binding.pools.build import KVShape
 
     spec = storage_spec(KVShape(ATTN, 2, 8, sg.torch.bfloat16), _cache_params(sg))
     lru = replace(SERVER_POLICY, eviction="lru")
@@ -344,7 +344,7 @@ def test_configurator_hooks_pass_other_cases_through(sg: Any) -> None:
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
 
     from jenga_sglang.binding.options import JENGA_ATTR, JengaOptions
-    from jenga_sglang.binding.pool_hook import after_configure, around_init_pools
+    from jenga_sglang.binding.pools.hook import after_configure, around_init_pools
 
     calls = []
 
@@ -399,7 +399,7 @@ def test_paged_kv_slots_fill_pages_and_read_through_sglang(sg: Any) -> None:
     """--page-size 4: an extend continues the request's partial page after its last slot and
     then takes whole pages of the pool; a decode step does the same; SGLang's paged KV reads
     and writes the same bytes as our token-major views; a free gives whole pages back."""
-    from jenga_sglang.binding.pool_build import KV_TYPE
+    from jenga_sglang.binding.pools.build import KV_TYPE
 
     torch = sg.torch
     pools = _pools(sg, kv_tokens=64, page_size=4)

@@ -1,4 +1,4 @@
-"""Slot ids as arrays (binding/slot_ids.py): a held set that refuses double adoption and
+"""Slot ids as arrays (binding/slots/ids.py): a held set that refuses double adoption and
 frees of ids it does not hold, and pages that split and merge like `IdPages`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jenga_sglang.binding.slot_ids import HeldIds, SlotPages, page_ids
+from jenga_sglang.binding.slots.ids import HeldIds, SlotPages, page_ids
 from jenga_sglang.radix.pages import IdPages
 
 

@@ -7,7 +7,7 @@ import pickle
 
 from radix_helpers import KV_TOKEN, hybrid_spec, seq
 
-from jenga_sglang.binding.slot_memory import SlotMemory
+from jenga_sglang.binding.slots.memory import SlotMemory
 from jenga_sglang.policies.admission import SpeculativeAdmission
 from jenga_sglang.policies.eviction import FlopAwareEviction
 from jenga_sglang.radix.cache import PrefixCache

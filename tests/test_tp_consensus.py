@@ -1,4 +1,4 @@
-"""SGLang's rank-consensus checker over our cache (binding/tp_consensus.py), on two CPU ranks.
+"""SGLang's rank-consensus checker over our cache (binding/cache/tp_consensus.py), on two CPU ranks.
 
 Two spawned processes join a gloo group, turn on SGLang's own checker
 (``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1``, `rank_consensus_checker.configure`) and drive a
@@ -41,8 +41,8 @@ def _drive(rank: int, diverge: bool) -> tuple[object, ...]:
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from test_binding_backend import _params
 
+    from jenga_sglang.binding.cache.tp_consensus import ConsensusJengaRadixCache
     from jenga_sglang.binding.options import JengaOptions
-    from jenga_sglang.binding.tp_consensus import ConsensusJengaRadixCache
     from jenga_sglang.models import get_spec
 
     params = _params(mamba=True, kv_size=256)
@@ -73,7 +73,7 @@ def _rank(rank: int, store: str, diverge: bool, results: Any) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS)
     from sglang.srt.utils import rank_consensus_checker as checker
 
-    from jenga_sglang.binding.tp_consensus import agree_pool_budget
+    from jenga_sglang.binding.cache.tp_consensus import agree_pool_budget
 
     checker.configure([SimpleNamespace(cpu_group=dist.group.WORLD)])
     try:

@@ -1,4 +1,4 @@
-"""Tensor-parallel ranks adopt the leader's tuning outcome (binding/tp_share.py), over a real
+"""Tensor-parallel ranks adopt the leader's tuning outcome (binding/cache/tp_share.py), over a real
 two-process gloo group on CPU: same alphas at the same requests, only the leader replays, and a
 replay that fails on the leader is a failure on every rank."""
 
@@ -14,7 +14,7 @@ import torch.multiprocessing as tmp
 from test_background_tuning import _cache
 from test_policies import chat_trace, serve_all
 
-from jenga_sglang.binding.tp_share import GroupShare, share_channel
+from jenga_sglang.binding.cache.tp_share import GroupShare, share_channel
 from jenga_sglang.policies.background import BackgroundReplay
 from jenga_sglang.policies.replay_grid import Recorded, Scores, run_grid_inline
 from jenga_sglang.policies.tuners import SlidingTuner

@@ -188,7 +188,7 @@ def test_engine_conserves_pages_through_evictions_and_retractions(lazy: bool) ->
 
 @pytest.mark.sglang
 def test_a_pickled_copy_is_detached_from_sglang() -> None:
-    from jenga_sglang.binding.slot_memory import SlotMemory
+    from jenga_sglang.binding.slots.memory import SlotMemory
 
     mem = memory()
     kv, st = mem.kv_type, mem.state_type

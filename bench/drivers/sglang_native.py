@@ -221,7 +221,7 @@ def _radix_cache(
         eviction_policy="lru",
     )
     if tree == "jenga":
-        from jenga_sglang.binding.backend import JengaRadixCache
+        from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import JengaOptions
 
         # A bundle as the pure replay runs it (traces resend replies verbatim: no prompt-end

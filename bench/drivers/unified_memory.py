@@ -37,8 +37,8 @@ import torch
 from jenga_sglang.bench.drivers import sglang_pools
 from jenga_sglang.bench.drivers.sglang_buffer import moves_of
 from jenga_sglang.bench.drivers.sglang_split import static_split
-from jenga_sglang.binding.slot_ids import Ids, SlotPages, as_ids
-from jenga_sglang.binding.slot_memory import SlotIdMemory, SlotMemory
+from jenga_sglang.binding.slots.ids import Ids, SlotPages, as_ids
+from jenga_sglang.binding.slots.memory import SlotIdMemory, SlotMemory
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.pages import IdPages, OutOfMemory, PageKind, Pages, PageType, Usage
 

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRST_ID, VOCAB = 6, 512  # ids 0-5 are the shared tokenizer's special tokens
 PROMPT, BRANCH_AT, TAIL, NEW_TOKENS, REPLY_TOKENS = 200, 150, 40, 8, 40
 STEPS = ("turn1", "turn2", "branch_a", "branch_b")
-#: Our counters read off /metrics after the replay (binding/metrics.py).
+#: Our counters read off /metrics after the replay (binding/cache/metrics.py).
 COUNTERS = {
     "inpass_captures": "jenga:inpass_captures_total",
     "inpass_captures_lost": "jenga:inpass_captures_lost_total",

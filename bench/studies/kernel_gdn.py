@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from jenga_sglang.binding.capture_geometry import Geometry, plan_gdn
-from jenga_sglang.binding.captures import Capture
+from jenga_sglang.binding.cache.captures import Capture
+from jenga_sglang.binding.capture.geometry import Geometry, plan_gdn
 
 #: Linear-attention layer shapes (tensor-parallel rank 1).
 SHAPES: dict[str, dict[str, int]] = {
@@ -124,7 +124,7 @@ def chunk_forward(pf: Prefill, cu: list[int] | None = None, rows: Any = None) ->
 @contextmanager
 def recorded() -> Iterator[dict[str, Any]]:
     """What `chunk_gated_delta_rule_fwd_h` saw and returned during the block (the live hook's
-    inputs: binding/capture_gdn.py)."""
+    inputs: binding/capture/gdn.py)."""
     chunk = importlib.import_module(f"{_FLA}.chunk")
     name = "chunk_gated_delta_rule_fwd_h"  # looked up in chunk.py's namespace per call
     original = getattr(chunk, name)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jenga_sglang.binding.capture_geometry import Geometry, plan_mamba2
-from jenga_sglang.binding.captures import Capture
+from jenga_sglang.binding.cache.captures import Capture
+from jenga_sglang.binding.capture.geometry import Geometry, plan_mamba2
 
 #: Mamba2 layer shapes (tensor-parallel rank 1).
 SHAPES: dict[str, dict[str, int]] = {

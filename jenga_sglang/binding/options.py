@@ -89,11 +89,11 @@ class JengaOptions:
 
     `policy` is the record the policy flags produced (admission, eviction, alpha or auto, the
     prompt-end state, ghost tokens; policies/registry.py), built by policies/bundles.py.
-    `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pool_hook.py).
+    `pool` puts the Jenga pool behind SGLang's KV and Mamba pools (binding/pools/hook.py).
     `capture` is how planned SSM checkpoints inside a prefill chunk are taken: 'in-pass' (the
-    forward writes them, binding/capture_forward.py) or 'cut' (the chunk ends there and the
-    next round goes on, binding/prefill_cut.py); 'cut' is also what models whose state layers
-    the in-pass hooks do not cover get.
+    forward writes them, binding/capture/forward.py) or 'cut' (the chunk ends there and the
+    next round goes on, binding/capture/prefill_cut.py); 'cut' is also what models whose state
+    layers the in-pass hooks do not cover get.
     """
 
     enabled: bool = False

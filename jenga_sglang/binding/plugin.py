@@ -12,16 +12,16 @@ scheduler process. It registers, through SGLang's own HookRegistry:
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
 * on the batch, forward batch, the Mamba2 and Gated DeltaNet backends, their layers and
   chunked kernels: the prefill pass writes every planned SSM checkpoint into a slot allocated
-  when the batch was built (binding/capture_forward.py, capture_mamba2.py, capture_gdn.py,
+  when the batch was built (binding/capture/forward.py, capture/mamba2.py, capture/gdn.py,
   captures.py);
 * AROUND `PrefillAdder.add_one_req` / `add_chunked_req`: for models whose state layers the
   in-pass capture does not cover, a prefill chunk ends exactly at its planned branch point
-  instead (binding/prefill_cut.py);
+  instead (binding/capture/prefill_cut.py);
 * AROUND `KVCacheConfigurator._init_pools`, AFTER `KVCacheConfigurator.configure`: with
   `--jenga-pool` (default on) SGLang's KV and Mamba pools are views of one Jenga pool and its
-  allocators draw from it (binding/pool_hook.py);
+  allocators draw from it (binding/pools/hook.py);
 * AFTER `SchedulerPoolStatsObserver._get_mamba_token_info`: SGLang's Mamba usage figure over
-  what states can hold now in that pool (binding/usage.py);
+  what states can hold now in that pool (binding/pools/usage.py);
 * BEFORE `TokenizerManager._validate_one_request`: with `--enable-jenga`, token ids outside the
   vocabulary get a 400 instead of killing the scheduler (binding/vocab_check.py);
 
@@ -93,17 +93,14 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from jenga_sglang import cpu_tensor_parallel
-    from jenga_sglang.binding import (
-        capture_forward,
-        capture_gdn,
-        capture_mamba2,
-        cpu_snapshots,
-        pool_hook,
-        prefill_cut,
-        usage,
-        vocab_check,
-    )
-    from jenga_sglang.binding.factory import build_tree_cache
+    from jenga_sglang.binding import cpu_snapshots, vocab_check
+    from jenga_sglang.binding.cache.factory import build_tree_cache
+    from jenga_sglang.binding.capture import forward as capture_forward
+    from jenga_sglang.binding.capture import gdn as capture_gdn
+    from jenga_sglang.binding.capture import mamba2 as capture_mamba2
+    from jenga_sglang.binding.capture import prefill_cut
+    from jenga_sglang.binding.pools import hook as pool_hook
+    from jenga_sglang.binding.pools import usage
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
     if sglang_needs_cpu_patches():

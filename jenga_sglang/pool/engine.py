@@ -7,7 +7,7 @@ type on demand, and returns to the one free list when its last page is freed. No
 moves. Subclasses say how much each allocator may report as available (shared.py: KV beside
 states with a state reserve; paired.py: full and window KV of a sliding-window model).
 
-Pure integer bookkeeping (no torch); binding/jenga_allocator.py turns ids into tensors.
+Pure integer bookkeeping (no torch); binding/pools/allocator.py turns ids into tensors.
 """
 
 from __future__ import annotations

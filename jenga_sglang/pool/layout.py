@@ -16,7 +16,7 @@ Inside a page (page-major: page first, then layers):
   on an `alignment` boundary (conv and temporal have different dtypes). Per layer:
   [num_pages, *conv_shape] and [num_pages, *temporal_shape]; stacked: [layers, num_pages, ...].
 
-Sink row (`sink=True`, for SGLang's pools, binding/sglang_pool.py). SGLang reserves slot 0 of
+Sink row (`sink=True`, for SGLang's pools, binding/pools/sglang_pool.py). SGLang reserves slot 0 of
 its KV and Mamba pools as the write target of padded tokens. The buffer then starts with a sink
 of `sink_bytes` = max page size rounded up to `alignment`, and every view gets one more row in
 front: row 0 ends where large page 0 starts (inside the sink) and row i >= 1 is pool page i - 1.

@@ -1,6 +1,6 @@
 """SGLang's allocators as the memory of our tree: the glue around `SlotMemory`.
 
-`SlotMemory` (slot_memory.py) keeps the accounting and knows nothing of SGLang; this module
+`SlotMemory` (slots/memory.py) keeps the accounting and knows nothing of SGLang; this module
 builds it from the pools SGLang hands the backend (`CacheInitParams`) and answers what only
 those pools know: how many slots of each type exist and what they weigh, how freed ids go back
 to the allocator they came from, how many slots the engine can hand out right now, and how an
@@ -11,7 +11,7 @@ KV and states share one byte buffer. The memory then models one shared budget, a
 engine's own free counts say when an allocation fits (`SlotMemory.make_room`).
 
 A hybrid-SWA model (gpt-oss) has two KV pools: the full one, whose slot ids a request's row
-holds, and the sliding-window one (binding/window_slots.py). The tree's full-attention group
+holds, and the sliding-window one (binding/slots/windows.py). The tree's full-attention group
 holds full slots (`kv_type`) and its window group SWA slots (`window_type`).
 """
 
@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-from jenga_sglang.binding.kv_events import HitSpanEvents
-from jenga_sglang.binding.slot_ids import Ids
-from jenga_sglang.binding.slot_memory import SlotMemory
-from jenga_sglang.binding.window_slots import WindowSlots, is_window_allocator
+from jenga_sglang.binding.slots.ids import Ids
+from jenga_sglang.binding.slots.kv_events import HitSpanEvents
+from jenga_sglang.binding.slots.memory import SlotMemory
+from jenga_sglang.binding.slots.windows import WindowSlots, is_window_allocator
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.radix.pages import PageKind, PageType
 

@@ -4,7 +4,7 @@ Waiting requests often share a prefix the tree cannot serve yet: a shared system
 first turns of forked programs. A round that admits them all prefills that prefix once per
 request, because none of their checkpoints exists before the round's forward. Instead, when
 another request computes the shared prefix [.., p) and captures the state at p in-pass
-(binding/captures.py), a request that shares it is held back: once that capture is in the
+(binding/cache/captures.py), a request that shares it is held back: once that capture is in the
 tree, it hits p.
 
     round k:   A: hit ....... p ....... end        (captures the state at p)
@@ -27,7 +27,7 @@ checkpoint of its request takes it or its release drops it, and once it is in th
 request's hit reaches p, so p saves nothing more. A held-back request gives back the Mamba slot
 its match staged, as SGLang does for a request it does not admit.
 
-Only requests of one namespace (LoRA adapter, cache salt: binding/namespaces.py) count as
+Only requests of one namespace (LoRA adapter, cache salt: binding/cache/namespaces.py) count as
 sharing: another namespace's capture never enters this request's subtree, and waiting for it
 would tell the request, by its delay, what another tenant is prefilling. A capture in flight
 does not say whose it is, so while any request with a namespace has one in flight, no request
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from jenga_sglang.binding.namespaces import request_namespace
+from jenga_sglang.binding.cache.namespaces import request_namespace
 
 #: Fewer shared uncached tokens than this are not worth a round of waiting.
 MIN_SAVED = 32

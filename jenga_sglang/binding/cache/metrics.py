@@ -15,17 +15,18 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:ghost_branch_points_total     plans that took their branch point from the ghost
                                         index: histories the tree had evicted (counter)
     jenga:inpass_captures_total         SSM checkpoints the prefill forward wrote in-pass
-                                        (counter; binding/captures.py)
+                                        (counter; binding/cache/captures.py)
     jenga:inpass_captures_lost_total    planned in-pass checkpoints not captured: no Mamba
                                         slot free, or a forward our hooks did not serve
     jenga:prefill_cuts_total            prefill chunks ended at a planned checkpoint instead
-                                        (binding/prefill_cut.py: one more prefill round each)
+                                        (binding/capture/prefill_cut.py: one more prefill
+                                        round each)
     jenga:prefill_held_back_total       admissions put off one round to hit a checkpoint
     jenga:shared_branches_total         in-batch branch points added to a request's captures
-                                        another request captures (binding/shared_prefill.py)
+                                        another request captures (binding/capture/shared_prefill.py)
     jenga:hits_unseeded_total           hits not used: no Mamba slot could be freed to copy
                                         the hit's state into (every slot held by running
-                                        requests; binding/mamba_state.py)
+                                        requests; binding/cache/mamba_state.py)
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.

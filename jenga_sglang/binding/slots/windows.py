@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from jenga_sglang.binding.slot_ids import Ids
+from jenga_sglang.binding.slots.ids import Ids
 
 
 def is_window_allocator(allocator: Any) -> bool:

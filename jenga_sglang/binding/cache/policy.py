@@ -2,7 +2,7 @@
 
 The server differs from the simulator only in where a tuner replays: in a background process,
 off the request path (policies/background.py), and with tensor parallelism only on the leader
-rank, whose outcome `channel` gives every rank (binding/tp_share.py).
+rank, whose outcome `channel` gives every rank (binding/cache/tp_share.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 * `JengaTokenAllocator` is a `BaseTokenToKVPoolAllocator` (page size 1) over one KV page type
   of a Jenga pool: what the scheduler, the prefill budget and our backend call for KV token
-  slots (binding/jenga_swa_allocator.py puts two of them behind SGLang's SWA allocator).
+  slots (binding/pools/swa_allocator.py puts two of them behind SGLang's SWA allocator).
 * `JengaKVAllocator` is one beside Mamba states, with the shared-pool capability below.
 * `JengaMambaAllocator` is a `MambaSlotAllocator`: what `HybridReqToTokenPool` calls for a
   request's state slot and its tracking slots, and what our backend frees states to.
@@ -14,7 +14,7 @@ could hold with `available_size() = size - allocated` (the planner reads
 `schedulable_available_size()`, the states that can be taken now).
 
 `mamba_full_cache_donor()` returns the KV allocator: our backend then models one shared byte
-budget, as on `--enable-unified-memory` (binding/backend.py), and tells it how many states its
+budget, as on `--enable-unified-memory` (binding/cache/backend.py), and tells it how many states its
 tree holds (`attach_tree_states`), so the state reserve counts only what requests may still
 demand (pool/shared.py).
 """

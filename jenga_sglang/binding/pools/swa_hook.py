@@ -2,9 +2,9 @@
 
 SGLang's `_init_pools` builds a full KV pool and a sliding-window KV pool of a static ratio
 (`--swa-full-tokens-ratio`) and an `SWATokenToKVPoolAllocator` over them. With `--enable-jenga`
-(and `--jenga-pool`, on by default) binding/pool_hook.py calls `build` here instead: the same
+(and `--jenga-pool`, on by default) binding/pools/hook.py calls `build` here instead: the same
 bytes as one Jenga pool carved into full or window KV pages on demand
-(binding/pool_build.py `build_jenga_swa_pools`), behind SGLang's own SWA pool and allocator
+(binding/pools/build.py `build_jenga_swa_pools`), behind SGLang's own SWA pool and allocator
 classes, and SGLang's own request rows.
 """
 
@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from jenga_sglang.binding.options import check_pool_attention, pool_wanted
-from jenga_sglang.binding.pool_build import (
+from jenga_sglang.binding.pools.build import (
     JengaSWAPools,
     KVShape,
     PoolBuildError,

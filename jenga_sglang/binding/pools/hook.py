@@ -6,11 +6,11 @@ resolved. The plugin registers (HookRegistry, docs/sglang.md "The Jenga pool beh
 pools"):
 
 * AROUND `_init_pools`: with `--enable-jenga --jenga-pool`, a hybrid Mamba model with at least
-  one attention layer and the target worker, build ours (binding/pool_build.py) over the static
+  one attention layer and the target worker, build ours (binding/pools/build.py) over the static
   split's byte budget (under tensor parallelism the smallest rank's, and the built pools must
-  be equal on every rank: binding/tp_consensus.py) and return SGLang's own
+  be equal on every rank: binding/cache/tp_consensus.py) and return SGLang's own
   `_InitializedPools` record; a hybrid-SWA model gets its full and window KV from one Jenga
-  pool (binding/swa_pool_hook.py); anything else goes to the original;
+  pool (binding/pools/swa_hook.py); anything else goes to the original;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -21,17 +21,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from jenga_sglang.binding import swa_pool_hook
-from jenga_sglang.binding.jenga_allocator import JengaKVAllocator
-from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
 from jenga_sglang.binding.options import check_pool_attention, pool_wanted
-from jenga_sglang.binding.pool_build import (
+from jenga_sglang.binding.pools import swa_hook as swa_pool_hook
+from jenga_sglang.binding.pools.allocator import JengaKVAllocator
+from jenga_sglang.binding.pools.build import (
     KVShape,
     PoolBuildError,
     build_jenga_pools,
     static_split_bytes,
     storage_spec,
 )
+from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
 
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
         return original(configurator, **kwargs)
 
-    from jenga_sglang.binding.tp_consensus import check_pool_agreed
+    from jenga_sglang.binding.cache.tp_consensus import check_pool_agreed
 
     pools = _build(configurator, kwargs["sizes"])
     geometry, shared = pools.layout.geometry, pools.shared
@@ -135,7 +135,7 @@ def _build(configurator: Any, sizes: Any) -> Any:
     )
     from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
 
-    from jenga_sglang.binding.tp_consensus import agree_pool_budget
+    from jenga_sglang.binding.cache.tp_consensus import agree_pool_budget
 
     _check_supported(configurator)
     layer = configurator.layer_info

@@ -4,7 +4,7 @@ Our admission plans exact checkpoint positions for each request at `match_prefix
 point, the prompt end). When SGLang builds an extend batch (`ScheduleBatch.prepare_for_extend`),
 every planned position p that this chunk computes, `prefix_len < p <= extend_end`, gets a fresh
 Mamba slot here; the forward writes the conv and SSM state after exactly the tokens [0, p) into
-it (binding/capture_forward.py, capture_gdn.py), and the checkpoint after the chunk hands it
+it (binding/capture/forward.py, capture/gdn.py), and the checkpoint after the chunk hands it
 to the tree:
 
     prefix_len ...... p1 ...... p2 ...... extend_end      one chunk, one forward

@@ -26,7 +26,7 @@ class Planned(NamedTuple):
     # of the request take their prefix without packing a long prompt again. Fill ids only grow
     # at the end (outputs), so the prefix stays the request's.
     tokens: TokenSeq | None = None
-    namespace: str | None = None  # the request's (binding/namespaces.py)
+    namespace: str | None = None  # the request's (binding/cache/namespaces.py)
 
     def tokens_up_to(self, n: int, ids: Sequence[int]) -> TokenSeq:
         """The request's first `n` tokens: the packed ones when they reach n, else `ids`."""
@@ -51,7 +51,7 @@ class RequestPlans:
     def __init__(self, limit: int = MAX_PLANS) -> None:
         self.limit = limit
         self._plans: dict[str, Planned] = {}
-        # Requests with a plan in a named namespace (shared_prefill.py reads it); empty, and
+        # Requests with a plan in a named namespace (capture/shared_prefill.py reads it); empty, and
         # never touched, while no request has a namespace.
         self.namespaced: set[str] = set()
 
@@ -82,7 +82,7 @@ class RequestPlans:
 
 def key_tokens(params_key: Any, whole: TokenSeq | None = None) -> TokenSeq | None:
     """An SGLang match or insert key's tokens packed (`whole`: its token_ids, already packed);
-    None for an empty key. Its namespace: binding/namespaces.py `key_namespace`."""
+    None for an empty key. Its namespace: binding/cache/namespaces.py `key_namespace`."""
     if len(params_key) == 0:
         return None
     if whole is not None:

@@ -41,14 +41,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jenga_sglang.binding.shared_prefill import give_back_staged_state, should_wait
+from jenga_sglang.binding.capture.shared_prefill import give_back_staged_state, should_wait
 
 ADDER = "sglang.srt.managers.schedule_policy.PrefillAdder"
 
 
 def _cut_position(adder: Any, req: Any) -> int | None:
     """Where the chunk just added must end (`cut_position`), if it is ours to cut."""
-    from jenga_sglang.binding.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
 
     cache = adder.tree_cache
     if not isinstance(cache, JengaRadixCache) or adder.rem_chunk_tokens is None:
@@ -99,7 +99,7 @@ def around_add_one_req(
     original: Callable[..., Any], adder: Any, req: Any, *a: Any, **k: Any
 ) -> Any:
     cache = adder.tree_cache
-    if should_wait(cache, req, adder.can_run_list):  # binding/shared_prefill.py
+    if should_wait(cache, req, adder.can_run_list):  # binding/capture/shared_prefill.py
         give_back_staged_state(cache, req)
         cache.held_back += 1
         from sglang.srt.managers.schedule_policy import AddReqResult

@@ -2,22 +2,22 @@
 
 SGLang calls `checkpoint` after a prefill chunk and when a request finishes, and `on_release`
 when it leaves. A checkpoint inserts the request's KV up to where it computed, with the states
-our admission planned (captured in-pass, binding/captures.py, or handed over from the request's
-own slot, binding/mamba_state.py), points the request's row at the tree's slots and moves its
-lock to the node its insert ended at. `JengaRadixCache` (backend.py) takes these methods from
-here, so that module keeps the rest of the `BasePrefixCache` contract.
+our admission planned (captured in-pass, binding/cache/captures.py, or handed over from the
+request's own slot, binding/cache/mamba_state.py), points the request's row at the tree's
+slots and moves its lock to the node its insert ended at. `JengaRadixCache` (backend.py) takes
+these methods from here, so that module keeps the rest of the `BasePrefixCache` contract.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jenga_sglang.binding.captures import PendingCaptures
-from jenga_sglang.binding.mamba_state import Captured, StateHandOver
-from jenga_sglang.binding.namespaces import request_namespace
-from jenga_sglang.binding.plans import Planned, RequestPlans
-from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_tree import Adopted, SlotTree
+from jenga_sglang.binding.cache.captures import PendingCaptures
+from jenga_sglang.binding.cache.mamba_state import Captured, StateHandOver
+from jenga_sglang.binding.cache.namespaces import request_namespace
+from jenga_sglang.binding.cache.plans import Planned, RequestPlans
+from jenga_sglang.binding.slots.sglang_slots import SglangSlots
+from jenga_sglang.binding.slots.tree import Adopted, SlotTree
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
@@ -56,7 +56,7 @@ class RequestPath:
         own_from: int | None = None,
         namespace: str | None = None,
     ) -> Adopted:
-        """The tree adopts the slots in `namespace` (slot_tree.py); counted for the metrics."""
+        """The tree adopts the slots in `namespace` (slots/tree.py); counted for the metrics."""
         done = self.slot_tree.adopt(tokens, value, states, start, own_from, namespace)
         self.states_admitted += done.admitted
         return done
@@ -64,7 +64,7 @@ class RequestPath:
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Insert the request's KV [0, up_to) and the states our admission wants, repoint its
         row at the tree's slots, relock. States come from the captures the forward wrote
-        (binding/captures.py) and, at finish, the request's own state (mamba_state)."""
+        (binding/cache/captures.py) and, at finish, the request's own state (mamba_state)."""
         finished = bool(req.finished())
         planned = self.plans.pop(req.rid) if finished else self.plans.get(req.rid)
         # Whole pages only (--page-size > 1): the request keeps its last, partial page, and
@@ -151,7 +151,7 @@ class RequestPath:
             self.tuner.after_request(self.cache, inp, out, namespace=namespace)
 
     def _repoint(self, req: Any, done: Adopted) -> None:
-        """Point the request's row at the tree's slots (slot_tree.py) and move its lock to
+        """Point the request's row at the tree's slots (slots/tree.py) and move its lock to
         the node its insert ended at."""
         node = done.node
         self.slot_tree.repoint(req, done.present, node)

@@ -23,7 +23,7 @@ A block is held with a count of the spans that cover it (published at 0 -> 1, re
 1 -> 0), so a shared head stays published while any checkpoint below it remains. Chained hashes
 make equal paths equal blocks. The cost is one hash per block of a new checkpoint's path, paid
 only when events are on. The tree itself calls nothing here: SlotTree reports adoptions and
-SglangSlots the slots the tree gives back (binding/slot_tree.py, sglang_slots.py).
+SglangSlots the slots the tree gives back (binding/slots/tree.py, slots/sglang_slots.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _int64(digest: bytes) -> int:
 
 def chain_hashes(tokens: Sequence[int], page: int, namespace: str | None = None) -> list[int]:
     """One signed 64-bit hash per whole page of `tokens`, each over its parent's and its ids;
-    the first over the tree's `namespace` (binding/namespaces.py), so equal token paths of two
+    the first over the tree's `namespace` (binding/cache/namespaces.py), so equal token paths of two
     namespaces are two blocks."""
     packed, width = array("q", tokens).tobytes(), 8 * page
     hashes, parent = [], b"" if namespace is None else namespace.encode()

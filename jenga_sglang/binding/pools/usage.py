@@ -6,7 +6,7 @@ batch" / "Decode batch", `get_server_info`'s load, the Prometheus gauges `token_
 requests hold of it, not counting what the tree could evict, over what the type can hold.
 
 * KV: `(size - available - evictable) / size`, and our KV allocator's `size` is already what KV
-  can hold now (`available_size() + allocated`, binding/jenga_allocator.py), the meaning SGLang's
+  can hold now (`available_size() + allocated`, binding/pools/allocator.py), the meaning SGLang's
   own unified allocator gives it, so that figure is right as SGLang computes it.
 * Mamba: SGLang divides by `mamba_pool.size`, a constant. Over the Jenga pool that constant is
   the most states the buffer could hold if every page were a state, so the figure shrinks toward
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jenga_sglang.binding.jenga_allocator import JengaMambaAllocator
+from jenga_sglang.binding.pools.allocator import JengaMambaAllocator
 
 OBSERVER = "sglang.srt.managers.scheduler_components.pool_stats_observer.SchedulerPoolStatsObserver"
 

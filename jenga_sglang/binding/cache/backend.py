@@ -12,9 +12,9 @@ The tree's KV pages *are* SGLang's KV slot indices and its SSM states are Mamba 
 per-layer-type rules: with a Mamba group a hit ends at a node that holds a checkpoint.
 
 The backend drives the tree only through `PrefixCache` (radix/cache.py). Beside it:
-sglang_slots.py builds the memory from SGLang's pools (capacities, give-back, room, evictions),
-slot_tree.py moves slots in and out of the tree (adoption, row repointing, path ids) and
-request_path.py holds the request path (`checkpoint`, `on_release`).
+slots/sglang_slots.py builds the memory from SGLang's pools (capacities, give-back, room,
+evictions), slots/tree.py moves slots in and out of the tree (adoption, row repointing, path
+ids) and cache/request_path.py holds the request path (`checkpoint`, `on_release`).
 
 Build it without a scheduler from the same `CacheInitParams` SGLang's `UnifiedRadixCache` takes
 (pools on device="cpu" work once `set_global_server_args_for_scheduler` was called):
@@ -45,17 +45,17 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-from jenga_sglang.binding.captures import BatchCaptures, PendingCaptures, batch_rows
-from jenga_sglang.binding.mamba_state import StateHandOver
-from jenga_sglang.binding.metrics import JengaMetrics, Snapshot
-from jenga_sglang.binding.namespaces import dfs_weight_order, key_namespace
+from jenga_sglang.binding.cache.captures import BatchCaptures, PendingCaptures, batch_rows
+from jenga_sglang.binding.cache.mamba_state import StateHandOver
+from jenga_sglang.binding.cache.metrics import JengaMetrics, Snapshot
+from jenga_sglang.binding.cache.namespaces import dfs_weight_order, key_namespace
+from jenga_sglang.binding.cache.plans import Planned, RequestPlans, key_tokens, will_decode
+from jenga_sglang.binding.cache.policy import build_admission, build_eviction, build_tuner
+from jenga_sglang.binding.cache.request_path import RequestPath
+from jenga_sglang.binding.cache.tp_share import share_channel
 from jenga_sglang.binding.options import JengaOptions
-from jenga_sglang.binding.plans import Planned, RequestPlans, key_tokens, will_decode
-from jenga_sglang.binding.policy import build_admission, build_eviction, build_tuner
-from jenga_sglang.binding.request_path import RequestPath
-from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_tree import SlotTree
-from jenga_sglang.binding.tp_share import share_channel
+from jenga_sglang.binding.slots.sglang_slots import SglangSlots
+from jenga_sglang.binding.slots.tree import SlotTree
 from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
@@ -109,7 +109,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             if self.state_type is not None
             else None
         )
-        # In-pass capture (binding/captures.py): the forward writes planned states into slots
+        # In-pass capture (binding/cache/captures.py): the forward writes planned states into slots
         # allocated when the batch is built; without it the prefill is cut at each position.
         self.captures = (
             PendingCaptures(self._try_alloc_state, self.slots.free_states)
@@ -152,7 +152,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             self.metrics.sync(self.snapshot())
 
     # ------------------------------------------------------------------ memory glue
-    # (sglang_slots.py holds the rest: capacities, give-back, room, eviction goals)
+    # (slots/sglang_slots.py holds the rest: capacities, give-back, room, eviction goals)
 
     def _try_alloc_state(self) -> int | None:
         assert self.handover is not None
@@ -307,7 +307,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         return DecLockRefResult(delta=self.slots.evictable_tokens() - before)
 
     def evict(self, params: EvictParams) -> EvictResult:
-        """Make room for what SGLang is short of (sglang_slots.py `SglangSlots.evict`)."""
+        """Make room for what SGLang is short of (slots/sglang_slots.py `SglangSlots.evict`)."""
         window = int(getattr(params, "swa_num_tokens", 0) or 0)
         kv, st, swa = self.slots.evict(params.num_tokens, params.mamba_num, window)
         self.sync_metrics()
@@ -316,7 +316,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
     def path_device_indices(
         self, node: Any, start: int = 0, stop: int | None = None
     ) -> torch.Tensor:
-        """KV slot ids of the path's positions [start, stop) (slot_tree.py)."""
+        """KV slot ids of the path's positions [start, stop) (slots/tree.py)."""
         return self.slot_tree.path_ids(node, start, stop)
 
     # ------------------------------------------------------------------ sizes and flags

@@ -9,10 +9,10 @@
   them unchanged. It does not call `MambaPool.__init__` (which allocates): it sets the
   attributes that the inherited methods read, the disabled-feature ones included.
 * `JengaHybridReqToTokenPool(HybridReqToTokenPool)`: request rows are SGLang's; its Mamba pool and
-  Mamba slot allocator (binding/jenga_allocator.py) are ours.
+  Mamba slot allocator (binding/pools/allocator.py) are ours.
 
 Speculative decoding's per-draft buffers, ReplaySSM rings and Qwen4-Exp side states are not
-supported: the hook (binding/pool_hook.py) refuses those configurations at start-up.
+supported: the hook (binding/pools/hook.py) refuses those configurations at start-up.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.memory_pool import (
 )
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
-from jenga_sglang.binding.jenga_allocator import JengaMambaAllocator
+from jenga_sglang.binding.pools.allocator import JengaMambaAllocator
 from jenga_sglang.pool.layout import StateViews
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from jenga_sglang.binding.jenga_allocator import JengaKVAllocator, JengaMambaAllocator
-from jenga_sglang.binding.jenga_swa_allocator import JengaSWAAllocator
-from jenga_sglang.binding.sglang_pool import (
+from jenga_sglang.binding.pools.allocator import JengaKVAllocator, JengaMambaAllocator
+from jenga_sglang.binding.pools.sglang_pool import (
     JengaHybridReqToTokenPool,
     JengaMambaPool,
     JengaMHATokenToKVPool,
 )
+from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
 from jenga_sglang.pool.layout import PoolLayout, build_layout, sink_size
 from jenga_sglang.pool.paired import PairedJengaPool

@@ -62,7 +62,7 @@ class HeldIds:
     """A set of slot ids, as a stamp per id: -1 not held, else held.
 
     Ids are non-negative (SGLang's) or negative (the synthetic ids a tuner replay's copy
-    hands out, slot_memory.py): each sign has its own array, grown on demand.
+    hands out, slots/memory.py): each sign has its own array, grown on demand.
     """
 
     def __init__(self) -> None:

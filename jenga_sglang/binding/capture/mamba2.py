@@ -1,7 +1,7 @@
-"""In-pass captures inside SGLang's Mamba2 mixer (`MambaMixer2`; binding/capture_forward.py).
+"""In-pass captures inside SGLang's Mamba2 mixer (`MambaMixer2`; binding/capture/forward.py).
 
 * AFTER `Mamba2AttnBackend.init_forward_metadata`: once per forward, the batch's captures
-  become device index tensors on the metadata (capture_geometry.py `plan_mamba2`);
+  become device index tensors on the metadata (capture/geometry.py `plan_mamba2`);
 * AROUND `MambaMixer2.forward`: the layer's Mamba cache is the capture target meanwhile;
 * AROUND the mixer's `causal_conv1d_fn` (both bindings): the conv states, before the conv
   overwrites the live slots;
@@ -17,8 +17,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from jenga_sglang.binding import capture_forward as cf
-from jenga_sglang.binding.capture_geometry import plan_mamba2
+from jenga_sglang.binding.capture import forward as cf
+from jenga_sglang.binding.capture.geometry import plan_mamba2
 from jenga_sglang.kernels.ssd_capture import SsdCaptures, capture_ssd_states
 
 BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.Mamba2AttnBackend"

@@ -4,7 +4,7 @@ SGLang computes every KV slot and Mamba slot before the tree sees it, so an inse
 the slots of a request's row (`adopt`: the tree frees those of positions it held already), and
 a request whose prefix the tree already held gets its row pointed at the tree's slots
 (`repoint`). Both go through `PrefixCache` (`reach`, then `store` along the same walk); nothing
-here is part of SGLang's `BasePrefixCache` contract, which binding/backend.py keeps.
+here is part of SGLang's `BasePrefixCache` contract, which binding/cache/backend.py keeps.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from jenga_sglang.binding.kv_events import HitSpanEvents
-from jenga_sglang.binding.sglang_slots import SglangSlots
-from jenga_sglang.binding.slot_ids import Ids, SlotPages, page_ids
+from jenga_sglang.binding.slots.ids import Ids, SlotPages, page_ids
+from jenga_sglang.binding.slots.kv_events import HitSpanEvents
+from jenga_sglang.binding.slots.sglang_slots import SglangSlots
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
@@ -78,7 +78,7 @@ class SlotTree:
         }
         kv = self._own_pages(value[own_from : len(tokens)])
         node = self.cache.store(tokens, walk, kv, taken, own_from, namespace)
-        if self.events is not None:  # a router's view of what hits can use (kv_events.py)
+        if self.events is not None:  # a router's view of what hits can use (slots/kv_events.py)
             self._report(tokens, value, present, {p: states[p] for p in taken}, namespace)
         return Adopted(present, node, len(taken), refused)
 
@@ -123,7 +123,7 @@ class SlotTree:
     def repoint(self, req: Any, present: int, node: Node) -> None:
         """Point the request's row at the tree's slots for [protected, present), whose own
         duplicates the insert freed; with a window group, make every full slot of the
-        request's new positions name the tree's window KV (binding/window_slots.py)."""
+        request's new positions name the tree's window KV (binding/slots/windows.py)."""
         protected = req.kv.cache_protected_len
         pool = self.slots.req_to_token_pool
         if present > protected:

@@ -1,17 +1,18 @@
 """In-pass SSM checkpoints: SGLang's prefill forward writes our captures as it runs.
 
 This module carries a batch's captures from the scheduler to the layers and holds what the
-layer kinds share; the kernel hooks of each kind are in binding/capture_mamba2.py (Mamba2:
-NemotronH, Falcon-H1, Granite-4.0-H, Mamba2) and binding/capture_gdn.py (Gated DeltaNet:
+layer kinds share; the kernel hooks of each kind are in binding/capture/mamba2.py (Mamba2:
+NemotronH, Falcon-H1, Granite-4.0-H, Mamba2) and binding/capture/gdn.py (Gated DeltaNet:
 Qwen3-Next, Qwen3.5). Hooks (registered through SGLang's HookRegistry by the plugin; no SGLang
 file is edited):
 
 * AFTER `ScheduleBatch.prepare_for_extend`: the batch's planned positions get destination
-  slots (binding/captures.py, through the backend); the batch carries them as `jenga_captures`;
+  slots (binding/cache/captures.py, through the backend); the batch carries them as
+  `jenga_captures`;
 * AFTER `ForwardBatch.init_new` and the runners' `load_batch` (which copy the forward batch
   into static buffers): the forward batch carries the same object;
 * per kind, AFTER the state layers' backend builds its forward metadata: the index lists of
-  every capture (binding/capture_geometry.py), checked on the host, become device tensors on
+  every capture (binding/capture/geometry.py), checked on the host, become device tensors on
   the metadata (`build`), once per forward; then, while each state layer runs (`layer_scope`),
   two launches: the conv states before the conv overwrites the live slots (`gather_conv`,
   kernels/conv_gather.py), and the SSM states from the chunk states the layer's own chunked
@@ -33,8 +34,8 @@ from typing import Any
 
 import torch
 
-from jenga_sglang.binding.capture_geometry import Geometry
-from jenga_sglang.binding.captures import BatchCaptures
+from jenga_sglang.binding.cache.captures import BatchCaptures
+from jenga_sglang.binding.capture.geometry import Geometry
 from jenga_sglang.kernels.conv_gather import NO_INIT, gather_conv_states
 from jenga_sglang.kernels.gdn_capture import GdnCaptures
 from jenga_sglang.kernels.ssd_capture import SsdCaptures

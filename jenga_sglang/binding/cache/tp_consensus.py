@@ -9,7 +9,7 @@ the facts that could still differ per rank are agreed before anything depends on
 * the Jenga pool's byte budget: the MIN over the group before the pool is built, and then the
   built pools' geometry (large pages, page sizes, reserve, room per type) must be equal on every
   rank, or start-up fails naming both values (`agree_pool_budget`, `check_pool_agreed`);
-* the alpha tuner's outcome: only group rank 0 replays and broadcasts (binding/tp_share.py).
+* the alpha tuner's outcome: only group rank 0 replays and broadcasts (binding/cache/tp_share.py).
 
 With ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1`` SGLang compares, in a background thread over a
 gloo group of its own, every decision its own caches mark with `rank_consensus`. The factory
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from sglang.srt.utils.rank_consensus_checker import assert_same, rank_consensus
 
-from jenga_sglang.binding.backend import JengaRadixCache
-from jenga_sglang.binding.captures import BatchCaptures
+from jenga_sglang.binding.cache.backend import JengaRadixCache
+from jenga_sglang.binding.cache.captures import BatchCaptures
 
 CHECKER_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 _F = TypeVar("_F", bound=Callable[..., Any])

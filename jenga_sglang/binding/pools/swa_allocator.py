@@ -8,7 +8,7 @@ full-to-window slot mapping, `alloc` (a full and a window slot per token), `free
 `available_size()`: both report the pairs that fit, so the budget never counts one free large
 page for both halves.
 
-Sizes are dynamic, as for the Mamba pool (binding/jenga_allocator.py): `size_full` and
+Sizes are dynamic, as for the Mamba pool (binding/pools/allocator.py): `size_full` and
 `size_swa` are each half's available plus allocated slots, and they are the capacities
 SGLang's pool stats read (`swa_capacity_and_available`), so its usage figures and idle leak
 checks keep proving conservation; the full-to-window mapping covers every full id the pool
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
-from jenga_sglang.binding.jenga_allocator import JengaTokenAllocator
+from jenga_sglang.binding.pools.allocator import JengaTokenAllocator
 from jenga_sglang.pool.paired import PairedJengaPool
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jenga_sglang.binding.compat import (
+from jenga_sglang.binding.cache.compat import (
     UnsupportedModelError,
     check_servable,
     fold_windows,
@@ -19,9 +19,9 @@ from jenga_sglang.models.spec import ModelSpec
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
 #: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_inpass_capture.py checks the list
 #: against those files). The in-pass capture hooks extend that mixer's prefill
-#: (binding/capture_mamba2.py) and SGLang's Gated DeltaNet backend (binding/capture_gdn.py);
+#: (binding/capture/mamba2.py) and SGLang's Gated DeltaNet backend (binding/capture/gdn.py);
 #: other state layers (KDA, short conv, lightning) fall back to cutting the chunk
-#: (binding/prefill_cut.py).
+#: (binding/capture/prefill_cut.py).
 MAMBA2_MIXER_ARCHS = frozenset(
     {
         "NemotronHForCausalLM",
@@ -71,9 +71,9 @@ def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
 
 def build_tree_cache(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
-    from jenga_sglang.binding.backend import JengaRadixCache
-    from jenga_sglang.binding.kv_events import attach as attach_events
-    from jenga_sglang.binding.tp_consensus import ConsensusJengaRadixCache, checker_requested
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.tp_consensus import ConsensusJengaRadixCache, checker_requested
+    from jenga_sglang.binding.slots.kv_events import attach as attach_events
 
     options = options_of(ctx.server_args)
     if not options.enabled:
@@ -87,9 +87,9 @@ def build_tree_cache(ctx: Any) -> Any:
         spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
-    # SGLang's rank-consensus checker on: the same cache with its marks (tp_consensus.py)
+    # SGLang's rank-consensus checker on: the same cache with its marks (cache/tp_consensus.py)
     cls = ConsensusJengaRadixCache if checker_requested() else JengaRadixCache
     cache = cls(ctx.params, spec, options, inpass=inpass)
-    # --kv-events-config: publish only spans a hit can use (kv_events.py)
+    # --kv-events-config: publish only spans a hit can use (slots/kv_events.py)
     attach_events(cache, bool(getattr(ctx.params, "enable_kv_cache_events", False)))
     return cache

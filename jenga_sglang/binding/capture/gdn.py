@@ -1,8 +1,8 @@
 """In-pass captures inside SGLang's Gated DeltaNet prefill (Qwen3-Next, Qwen3.5, Qwen3.5-MoE;
-binding/capture_forward.py).
+binding/capture/forward.py).
 
 * AFTER `GDNAttnBackend.init_forward_metadata`: once per extend forward, the batch's captures
-  become device index tensors on the metadata (capture_geometry.py `plan_gdn`); not for
+  become device index tensors on the metadata (capture/geometry.py `plan_gdn`); not for
   speculative verification or multi-item scoring, whose layers take other kernels;
 * AROUND `GDNAttnBackend.forward_extend`: the layer's Mamba cache is the capture target
   meanwhile;
@@ -24,8 +24,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from jenga_sglang.binding import capture_forward as cf
-from jenga_sglang.binding.capture_geometry import plan_gdn
+from jenga_sglang.binding.capture import forward as cf
+from jenga_sglang.binding.capture.geometry import plan_gdn
 from jenga_sglang.kernels.gdn_capture import GdnCaptures, capture_gdn_states
 
 BACKEND = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend"

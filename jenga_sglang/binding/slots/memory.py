@@ -5,7 +5,7 @@ running request writes its KV into slots from `TokenToKVPoolAllocator`, its stat
 the Mamba pool, and `insert` hands those slot ids to the tree. So this memory *adopts* ids
 instead of choosing them, and gives them back through a `SlotSink` (the backend turns the ids
 into a tensor and calls the SGLang allocator's `free`). Ids travel as numpy arrays
-(binding/slot_ids.py): a node's pages are one array, never a Python int per token.
+(binding/slots/ids.py): a node's pages are one array, never a Python int per token.
 
 Accounting per page type covers the slots the tree holds:
 
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jenga_sglang.binding.slot_ids import HeldIds, Ids, SlotPages, as_ids, page_ids
+from jenga_sglang.binding.slots.ids import HeldIds, Ids, SlotPages, as_ids, page_ids
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType, Usage
 

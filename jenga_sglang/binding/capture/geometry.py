@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jenga_sglang.binding.captures import Capture
+from jenga_sglang.binding.cache.captures import Capture
 from jenga_sglang.kernels.conv_gather import NO_INIT, check_conv_requests
 from jenga_sglang.kernels.gdn_capture import GDN_CHUNK, check_gdn_captures
 from jenga_sglang.kernels.ssd_capture import NO_STATE, check_ssd_captures
