@@ -1,7 +1,7 @@
 """The one builder from a policy record (policies/registry.py) to its policy objects.
 
 `build_policies(record, spec, background)` is what every driver calls: the simulator
-(`build_cache`, below), and the SGLang backend (binding/policy.py), with or without `--via
+(`build_cache`, below), and the SGLang backend (binding/cache/policy.py), with or without `--via
 sglang`. Where the tuner's replays run is the caller's context, passed in: inline when
 `background` is None (the simulator), in a worker process adopted a fixed number of requests
 later otherwise (the server, whose `BackgroundReplay` carries the tensor-parallel channel).
