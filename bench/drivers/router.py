@@ -12,26 +12,23 @@ router that exits or never lists a model raises `ServerError` with its log's tai
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
-from jenga_sglang.bench.drivers.server import ServerError, _log_tail, free_port
+from jenga_sglang.bench.drivers.process import LoopbackProcess
+from jenga_sglang.bench.drivers.server import free_port
 
 POLICIES = ("cache_aware", "round_robin")
 
 
-class LocalRouter:
+class LocalRouter(LoopbackProcess):
     """`python -m smg.launch_router` on 127.0.0.1 over `workers`, as a context manager."""
+
+    name = "router"
 
     def __init__(
         self,
@@ -47,8 +44,7 @@ class LocalRouter:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log, self.ready_timeout_s = log, ready_timeout_s
-        self.argv = [
+        argv = [
             sys.executable, "-m", "smg.launch_router",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--worker-urls", *workers,
@@ -58,61 +54,11 @@ class LocalRouter:
             "--log-level", "debug",
             *extra_flags,
         ]  # fmt: skip
-        self._proc: subprocess.Popen[bytes] | None = None
+        super().__init__(argv, log=log, ready_timeout_s=ready_timeout_s, env={"NO_COLOR": "1"})
 
-    def __enter__(self) -> LocalRouter:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "NO_COLOR": "1"}
-        with self.log.open("wb") as sink:
-            self._proc = subprocess.Popen(
-                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise ServerError(
-                    f"router exited with {self._proc.returncode}; log {self.log}:\n"
-                    f"{_log_tail(self.log)}"
-                )
-            if self._models():
-                return
-            time.sleep(2)
-        raise ServerError(f"router not ready; log {self.log}:\n{_log_tail(self.log)}")
-
-    def _models(self) -> bool:
+    def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
                 return bool(json.loads(reply.read()).get("data"))
         except (urllib.error.URLError, OSError, ValueError):
             return False
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the router's process group, SIGKILL after `grace_s`; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)

@@ -2,7 +2,7 @@
 
 The server runs in its own process group so that stopping it also stops the scheduler and
 detokenizer processes it spawns; every wait is bounded, and a server that dies or never gets
-ready raises `ServerError` with the tail of its log.
+ready raises `ServerError` with the tail of its log (bench/drivers/process.py).
 
 Two Mamba cache strategies (`strategy=`), each with the scheduling SGLang allows it:
 
@@ -16,18 +16,16 @@ Two Mamba cache strategies (`strategy=`), each with the scheduling SGLang allows
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+
+from jenga_sglang.bench.drivers.process import LoopbackProcess, ServerError, log_tail
+
+__all__ = ["CPU_FLAGS", "STRATEGIES", "STRATEGY_ENV", "LocalServer", "ServerError", "free_port"]
 
 # What SGLang 0.5.23 needs to serve a hybrid model on a CPU (docs/e2e-cpu.md has each reason).
 CPU_FLAGS: tuple[str, ...] = (
@@ -51,10 +49,6 @@ STRATEGY_ENV: dict[str, dict[str, str]] = {
 }
 
 
-class ServerError(RuntimeError):
-    """The server exited or did not become ready in time (the message quotes its log)."""
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -76,14 +70,7 @@ def free_port_below(limit: int, tries: int = 64) -> int:
     raise OSError(f"no free port under {limit} after {tries} tries")
 
 
-def _log_tail(path: Path, chars: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
-
-
-class LocalServer:
+class LocalServer(LoopbackProcess):
     """`python -m sglang.launch_server` on 127.0.0.1, as a context manager.
 
     >>> with LocalServer("data/tiny-model", ["--enable-jenga"], log=Path("out/s.log")) as s:
@@ -94,6 +81,8 @@ class LocalServer:
     (for a `--grpc-mode` worker, which serves no HTTP), else once /v1/models answers; `port`:
     its port (default: a free one).
     """
+
+    name = "server"
 
     def __init__(
         self,
@@ -110,87 +99,23 @@ class LocalServer:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
-        self.env = dict(env or {})
         self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.ready_timeout_s = ready_timeout_s
         self.ready_line = ready_line  # ready once the log has it (a gRPC worker has no HTTP)
-        self.argv = [
+        argv = [
             sys.executable, "-m", "sglang.launch_server",
             "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port),
             *CPU_FLAGS, *STRATEGIES[strategy], *extra_flags,
         ]  # fmt: skip
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> LocalServer:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
         # Triton kernels run in the interpreter
-        env = {**os.environ, "TRITON_INTERPRET": "1", **STRATEGY_ENV[self.strategy], **self.env}
-        with self.log.open("wb") as sink:
-            self._proc = subprocess.Popen(
-                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    @property
-    def pid(self) -> int | None:
-        """The launcher's PID, which leads the server's process group (None once stopped)."""
-        return None if self._proc is None else self._proc.pid
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise ServerError(
-                    f"server exited with {self._proc.returncode} before it was ready; log "
-                    f"{self.log}:\n{_log_tail(self.log)}"
-                )
-            if self._ready():
-                return
-            time.sleep(2)
-        raise ServerError(
-            f"server not ready after {self.ready_timeout_s:.0f} s; log {self.log}:\n"
-            f"{_log_tail(self.log)}"
-        )
+        server_env = {"TRITON_INTERPRET": "1", **STRATEGY_ENV[strategy], **(env or {})}
+        super().__init__(argv, log=log, ready_timeout_s=ready_timeout_s, env=server_env)
 
     def _ready(self) -> bool:
         if self.ready_line is not None:
-            return self.ready_line in _log_tail(self.log, 1 << 22)
+            return self.ready_line in log_tail(self.log, 1 << 22)
         try:
             with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
                 return bool(reply.status == 200)
         except (urllib.error.URLError, OSError):
             return False
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server's process group, SIGKILL after `grace_s`; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # children that outlived the launcher
-            os.killpg(proc.pid, signal.SIGKILL)
