@@ -166,7 +166,7 @@ class SglangHiCache(SglangNativeCache):
         """Match, load the host hit back as PrefillAdder does, lock, start the loads."""
         from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
 
-        req = self._match(inp, max_new)
+        req = self.matched(inp, max_new)
         cache = self.tree_cache
         self.host_hit = 0
         if req.needs_host_load_back():
@@ -188,25 +188,6 @@ class SglangHiCache(SglangNativeCache):
         req.lock = cache.lock(req.last_node)
         cache.ready_to_load_host_cache()
         cache.check_hicache_events()
-        return req
-
-    def _match(self, inp: Sequence[int], max_new: int) -> Any:
-        """The request with its slots and its prefix matched (no lock yet)."""
-        from array import array
-
-        from sglang.srt.managers.schedule_batch import Req
-        from sglang.srt.mem_cache.allocation import alloc_req_slots
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        self._rid += 1
-        req = Req(
-            rid=str(self._rid),
-            origin_input_text="",
-            origin_input_ids=array("q", inp),
-            sampling_params=SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
-        )
-        alloc_req_slots(self.req_pool, [req], self.tree_cache)
-        req.init_next_round_input(self.tree_cache)
         return req
 
     def finish(self, req: Any, n_out: int) -> None:

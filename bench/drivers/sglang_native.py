@@ -108,6 +108,12 @@ class SglangNativeCache:
 
     def admit(self, inp: Sequence[int], max_new: int) -> Any:
         """A new request: its row and Mamba slot, the prefix match and the lock."""
+        req = self.matched(inp, max_new)
+        req.lock = self.tree_cache.lock(req.last_node)  # as PrefillAdder does on admission
+        return req
+
+    def matched(self, inp: Sequence[int], max_new: int) -> Any:
+        """A new request with its row and Mamba slot and its prefix matched (no lock yet)."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.mem_cache.allocation import alloc_req_slots
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -121,7 +127,6 @@ class SglangNativeCache:
         )
         alloc_req_slots(self.req_pool, [req], self.tree_cache)
         req.init_next_round_input(self.tree_cache)  # match_prefix, COW of the matched state
-        req.lock = self.tree_cache.lock(req.last_node)  # as PrefillAdder does on admission
         return req
 
     def prefill(self, req: Any, first_output: int | None) -> None:
