@@ -26,7 +26,7 @@ from jenga_sglang.radix.lease import Lease
 from jenga_sglang.radix.match import MatchResult, Walk, deepest_whole
 from jenga_sglang.radix.memory import CacheMemory
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
+from jenga_sglang.radix.pages import Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 from jenga_sglang.radix.tree import RadixTree
 
@@ -336,15 +336,7 @@ class PrefixCache:
 
     def allocate_kv(self, count: int, owner: int) -> list[Pages]:
         """Pages for `count` tokens in every attention group; all or nothing."""
-        got: list[tuple[PageType, Pages]] = []
-        try:
-            for ptype in self.tree.kv_types:
-                got.append((ptype, self.memory.alloc(ptype, count, owner)))
-        except OutOfMemory:
-            for ptype, pages in got:
-                self.memory.free(ptype, pages)
-            raise
-        return [pages for _, pages in got]
+        return self.memory.alloc_all([(ptype, count) for ptype in self.tree.kv_types], owner)
 
     def allocate_states(self, count: int, owner: int) -> list[Pages]:
         """`count` one-page SSM states; all or nothing."""

@@ -140,15 +140,10 @@ class HostTier(Evictor):
 
     def _alloc_all(self, wants: list[tuple[PageType, int]]) -> list[Pages] | None:
         """Host pages for every (type, count), all or nothing (None: they do not fit)."""
-        got: list[Pages] = []
         try:
-            for ptype, count in wants:
-                got.append(self.memory.alloc(ptype, count, 0))
+            return self.memory.alloc_all(wants, 0)
         except OutOfMemory:
-            for (ptype, _), pages in zip(wants, got, strict=False):
-                self.memory.free(ptype, pages)
             return None
-        return got
 
     def drop_below(self, node: Node) -> None:
         """Free what `node` has in host memory: its host checkpoint and every host node below

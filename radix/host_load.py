@@ -182,15 +182,10 @@ def _deepest_device(path: tuple[Node, ...]) -> Node | None:
 
 
 def _alloc_device(cache: PrefixCache, wants: list[tuple[PageType, int]]) -> list[Pages] | None:
-    got: list[Pages] = []
     try:
-        for ptype, count in wants:
-            got.append(cache.memory.alloc(ptype, count, 0))
+        return cache.memory.alloc_all(wants, 0)
     except OutOfMemory:
-        for (ptype, _), pages in zip(wants, got, strict=False):
-            cache.memory.free(ptype, pages)
         return None
-    return got
 
 
 def _move_down(host: HostTier, nodes: list[Node], runs: list[Pages]) -> None:

@@ -19,7 +19,7 @@ node) or evictable (cached by an unlocked node). Conservation law, per page type
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -85,6 +85,20 @@ class CacheMemory(ABC):
                 got.append(self.alloc(ptype, 1, owner))
         except OutOfMemory:
             for pages in got:
+                self.free(ptype, pages)
+            raise
+        return got
+
+    def alloc_all(self, wants: Sequence[tuple[PageType, int]], owner: int) -> list[Pages]:
+        """Pages for every (type, count) of `wants`, in order, all or nothing: if one fails,
+        the pages already taken are freed and OutOfMemory raised, the evictions made so far
+        staying made."""
+        got: list[Pages] = []
+        try:
+            for ptype, count in wants:
+                got.append(self.alloc(ptype, count, owner))
+        except OutOfMemory:
+            for (ptype, _), pages in zip(wants, got, strict=False):
                 self.free(ptype, pages)
             raise
         return got
