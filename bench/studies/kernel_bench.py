@@ -38,8 +38,10 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,23 +54,26 @@ SMOKE_PACKINGS = ((4, 40, 8),)
 
 @dataclass(frozen=True)
 class Timer:
-    """Median wall time of ``fn`` in milliseconds (synchronising the GPU around each call)."""
+    """Median time of ``fn`` in milliseconds.
+
+    On a GPU, Triton's ``do_bench``: CUDA events around each call, L2 flushed between calls, so
+    a figure is the kernel's cold-cache time without the host's launch latency (a capture's
+    inputs, the chunk states, outgrow L2 in a real prefill anyway). On CPU, wall time.
+    """
 
     device: str
-    repeats: int
+    repeats: int  # CPU only
 
     def __call__(self, fn: Callable[[], Any]) -> float:
-        import torch
-
         fn()  # warm-up (compilation, autotuning)
+        if self.device == "cuda":
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
         times = []
         for _ in range(self.repeats):
-            if self.device == "cuda":
-                torch.cuda.synchronize()
             start = time.perf_counter()
             fn()
-            if self.device == "cuda":
-                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         return 1e3 * sorted(times)[len(times) // 2]
 
@@ -98,36 +103,50 @@ def _name(dtype: Any) -> str:
 
 
 def mamba2_rows(cfg: Config) -> Iterable[dict[str, Any]]:
+    for p in cfg.packings:
+        yield from _guarded("mamba2", p, partial(_mamba2_timing, cfg, *p))
+    for p in cfg.exact_packings:
+        for dtype in _dtypes(cfg, "mamba2"):
+            yield from _guarded("mamba2-exact", p, partial(_mamba2_exact, cfg, *p, dtype))
+
+
+def _mamba2_timing(cfg: Config, rows: int, length: int, caps: int) -> list[dict[str, Any]]:
     import torch
 
     from jenga_sglang.bench.studies import kernel_mamba2 as m2
 
     dev, t = cfg.timer.device, cfg.timer
-    for rows, length, caps in cfg.packings:
-        pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, torch.float32, dev)
-        run = m2.our_launches(pf, m2.scan_outputs(pf))
-        row = _head("mamba2", cfg.model_mamba2, rows, length, len(pf.caps), "float32", dev)
-        row["layer_forward_ms"] = t(m2.layer_forward(pf))
-        row["conv_gather_ms"] = t(run.conv)
-        row["ssd_capture_ms"] = t(run.ssd)
-        row["sequential_ms"] = t(run.sequential)
-        yield _shares(row, row["conv_gather_ms"] + row["ssd_capture_ms"])
-        one = m2.make_prefill(cfg.model_mamba2, rows, length, rows, torch.float32, dev, seed=1)
-        yield _mamba2_track(one, t, _head("mamba2-track", cfg.model_mamba2, rows, length,
-                                         len(one.caps), "float32", dev))  # fmt: skip
-    for rows, length, caps in cfg.exact_packings:
-        for dtype in _dtypes(cfg, "mamba2"):
-            pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, dtype, dev)
-            row = _head("mamba2-exact", cfg.model_mamba2, rows, length, len(pf.caps),
-                        _name(dtype), dev)  # fmt: skip
-            run = m2.our_launches(pf, m2.scan_outputs(pf))
-            run.ssd()
-            truth = m2.truth_states(pf)
-            row["state_absmax"] = float(truth.abs().max())
-            row["ours_err"] = _err(run.ssm_out, truth)
-            row["sglang_track_err"] = _err(m2.sglang_tracked_states(pf), truth)
-            row["sglang_prefix_err"] = _err(m2.sglang_prefix_states(pf), truth)
-            yield row
+    pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, torch.float32, dev)
+    run = m2.our_launches(pf, m2.scan_outputs(pf))
+    row = _head("mamba2", cfg.model_mamba2, rows, length, len(pf.caps), "float32", dev)
+    row["layer_forward_ms"] = t(m2.layer_forward(pf))
+    row["conv_gather_ms"] = t(run.conv)
+    row["ssd_capture_ms"] = t(run.ssd)
+    row["sequential_ms"] = t(run.sequential)
+    one = m2.make_prefill(cfg.model_mamba2, rows, length, rows, torch.float32, dev, seed=1)
+    track = _head("mamba2-track", cfg.model_mamba2, rows, length, len(one.caps), "float32", dev)
+    return [
+        _shares(row, row["conv_gather_ms"] + row["ssd_capture_ms"]),
+        _mamba2_track(one, t, track),
+    ]
+
+
+def _mamba2_exact(
+    cfg: Config, rows: int, length: int, caps: int, dtype: Any
+) -> list[dict[str, Any]]:
+    from jenga_sglang.bench.studies import kernel_mamba2 as m2
+
+    dev = cfg.timer.device
+    pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, dtype, dev)
+    row = _head("mamba2-exact", cfg.model_mamba2, rows, length, len(pf.caps), _name(dtype), dev)
+    run = m2.our_launches(pf, m2.scan_outputs(pf))
+    run.ssd()
+    truth = m2.truth_states(pf)
+    row["state_absmax"] = float(truth.abs().max())
+    row["ours_err"] = _err(run.ssm_out, truth)
+    row["sglang_track_err"] = _err(m2.sglang_tracked_states(pf), truth)
+    row["sglang_prefix_err"] = _err(m2.sglang_prefix_states(pf), truth)
+    return [row]
 
 
 def _mamba2_track(pf: Any, t: Timer, row: dict[str, Any]) -> dict[str, Any]:
@@ -143,40 +162,73 @@ def _mamba2_track(pf: Any, t: Timer, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def gdn_rows(cfg: Config) -> Iterable[dict[str, Any]]:
+    dtype = _dtypes(cfg, "gdn")[0]
+    for p in cfg.packings:
+        yield from _guarded("gdn", p, partial(_gdn_timing, cfg, *p, dtype))
+    for p in cfg.exact_packings:
+        yield from _guarded("gdn-exact", p, partial(_gdn_exact, cfg, *p, dtype))
+
+
+def _gdn_timing(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> list[dict[str, Any]]:
     from jenga_sglang.bench.studies import kernel_gdn as gd
 
     dev, t = cfg.timer.device, cfg.timer
-    dtype = _dtypes(cfg, "gdn")[0]
-    for rows, length, caps in cfg.packings:
-        pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
-        forward = gd.chunk_forward(pf)
-        with gd.recorded() as seen:
-            forward()
-        run = gd.our_launches(pf, seen)
-        row = _head("gdn", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
-        row["layer_forward_ms"] = t(gd.layer_forward(pf))
-        row["chunk_forward_ms"] = t(forward)
-        row["conv_gather_ms"] = t(run.conv)
-        row["gdn_capture_ms"] = t(run.capture)
-        row = _shares(row, row["conv_gather_ms"] + row["gdn_capture_ms"])
-        row["chunk_forward_share"] = row["capture_ms"] / row["chunk_forward_ms"]
-        yield row
-        route = _head("gdn-route", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
-        route["sglang_copy_ms"] = t(run.sglang_copy)
-        route["ours_capture_ms"] = row["gdn_capture_ms"]
-        yield route
-    for rows, length, caps in cfg.exact_packings:
-        pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
-        with gd.recorded() as seen:
-            gd.chunk_forward(pf)()
-        run = gd.our_launches(pf, seen)
-        run.capture()
-        truth = gd.truth_states(pf)
-        row = _head("gdn-exact", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
-        row["state_absmax"] = float(truth.abs().max())
-        row["ours_err"] = _err(run.out, truth)
-        row["sglang_prefix_err"] = _err(gd.sglang_prefix_states(pf), truth)
-        yield row
+    pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
+    forward = gd.chunk_forward(pf)
+    with gd.recorded() as seen:
+        forward()
+    run = gd.our_launches(pf, seen)
+    row = _head("gdn", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+    row["layer_forward_ms"] = t(gd.layer_forward(pf))
+    row["chunk_forward_ms"] = t(forward)
+    row["conv_gather_ms"] = t(run.conv)
+    row["gdn_capture_ms"] = t(run.capture)
+    row = _shares(row, row["conv_gather_ms"] + row["gdn_capture_ms"])
+    row["chunk_forward_share"] = row["capture_ms"] / row["chunk_forward_ms"]
+    route = _head("gdn-route", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+    route["sglang_copy_ms"] = t(run.sglang_copy)
+    route["ours_capture_ms"] = row["gdn_capture_ms"]
+    return [row, route]
+
+
+def _gdn_exact(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> list[dict[str, Any]]:
+    from jenga_sglang.bench.studies import kernel_gdn as gd
+
+    dev = cfg.timer.device
+    pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
+    with gd.recorded() as seen:
+        gd.chunk_forward(pf)()
+    run = gd.our_launches(pf, seen)
+    run.capture()
+    truth = gd.truth_states(pf)
+    row = _head("gdn-exact", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
+    row["state_absmax"] = float(truth.abs().max())
+    row["ours_err"] = _err(run.out, truth)
+    row["sglang_prefix_err"] = _err(gd.sglang_prefix_states(pf), truth)
+    return [row]
+
+
+def _guarded(
+    bench: str, packing: tuple[int, int, int], measure: Callable[[], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """One packing's rows, or one row naming its error: a failure (out of memory on a smaller
+    GPU, say) costs that packing, not the rest of the run."""
+    try:
+        return measure()
+    except Exception as exc:  # reported in the output; the run goes on
+        traceback.print_exc(file=sys.stderr)
+        rows, length, caps = packing
+        return [{"bench": bench, "packing": f"{rows}x{length}", "captures": caps,
+                 "error": f"{type(exc).__name__}: {exc}"}]  # fmt: skip
+    finally:
+        _release_memory()
+
+
+def _release_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _head(
@@ -214,12 +266,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     }  # fmt: skip
     out = []
     for bench, names in cols.items():
-        mine = [r for r in rows if r["bench"] == bench]
+        mine = [r for r in rows if r["bench"] == bench and "error" not in r]
         if not mine:
             continue
         out += [f"\n{bench} ({mine[0]['model']}, {mine[0]['device']})", "| " + " | ".join(names)
                 + " |", "|" + "---|" * len(names)]  # fmt: skip
         out += ["| " + " | ".join(_cell(r.get(n)) for n in names) + " |" for r in mine]
+    out += [f"\n{r['bench']} {r['packing']} failed: {r['error']}" for r in rows if "error" in r]
     return "\n".join(out)
 
 
@@ -243,7 +296,6 @@ def main(argv: list[str] | None = None) -> int:
         prog="kernels", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per figure")
     parser.add_argument("--kinds", default="mamba2,gdn", help="mamba2, gdn or both")
     args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -258,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("no GPU: run with --smoke on CPU")
         cfg = Config("nemotron-h-8b", "qwen3-next-80b", PACKINGS, EXACT_PACKINGS,
-                     Timer("cuda", args.repeats), kinds)  # fmt: skip
+                     Timer("cuda", 0), kinds)  # fmt: skip
     rows: list[dict[str, Any]] = []
     for kind, make in (("mamba2", mamba2_rows), ("gdn", gdn_rows)):
         if kind in kinds:
