@@ -16,8 +16,10 @@ ends after them. The state after ``n`` tokens of a chunk is therefore the same s
 
 One launch serves every capture of a layer: grid (capture, value head, state tile). States are
 (V, K) per head as the pool stores them; accumulation is fp32. The tile is autotuned per (V, K)
-on the first launch among two that compile without spills for sm_90 (64 x 64, or 64 x 128 on 8
-warps); re-running a launch rewrites the same values, so the tuner's trials are harmless.
+on the first launch among the three fastest of a 48-config sweep on an H100 at Qwen3-Next's
+shapes (scripts/capture_tiles.py, bench/RESULTS.md): 32 value rows and 16 tokens per step, the
+loop being latency-bound (``mma.sync`` on sm_90: a 32-row tile is below ``wgmma``'s 64). Re-running
+a launch rewrites the same values, so the tuner's trials are harmless.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ GDN_CHUNK = 64
 
 
 TILES = [
-    triton.Config({"BLOCK_V": 64, "BLOCK_K": 64, "BLOCK_T": 32}, num_warps=4),
-    triton.Config({"BLOCK_V": 64, "BLOCK_K": 128, "BLOCK_T": 32}, num_warps=8),
+    triton.Config({"BLOCK_V": 32, "BLOCK_K": 64, "BLOCK_T": 16}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_V": 32, "BLOCK_K": 128, "BLOCK_T": 16}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_V": 32, "BLOCK_K": 128, "BLOCK_T": 16}, num_warps=4, num_stages=2),
 ]
 
 
@@ -103,7 +106,12 @@ def _gdn_capture_kernel(  # type: ignore[no-untyped-def]
     g_end = tl.load(g_head + (start + count - 1) * s_g_t, mask=count > 0, other=0.0)
     g_end = g_end.to(tl.float32)
 
-    acc = tl.zeros((BLOCK_V, BLOCK_K), dtype=tl.float32)
+    # The chunk's entering state first, so its read is in flight while the tokens stream in.
+    src = tl.load(src_idx + cap).to(tl.int64)
+    tile = mask_v[:, None] & mask_k[None, :]
+    h_tile = offs_v[:, None] * s_h_v + offs_k[None, :] * s_h_k
+    h0 = tl.load(h + src * s_h_c + head * s_h_h + h_tile, mask=tile, other=0.0)
+    acc = h0.to(tl.float32) * tl.exp(g_end)
     v_base = v_new + head * s_v_h + offs_v[:, None] * s_v_d
     k_base = k + (head // heads_per_khead) * s_k_h + offs_k[None, :] * s_k_d
     for t0 in range(0, count, BLOCK_T):
@@ -116,12 +124,6 @@ def _gdn_capture_kernel(  # type: ignore[no-untyped-def]
         g_t = tl.load(g_head + tok * s_g_t, mask=in_range, other=0.0).to(tl.float32)
         w = tl.where(in_range, tl.exp(g_end - g_t), 0.0)
         acc += tl.dot(vv * w[None, :], kk, input_precision=PRECISION)
-
-    src = tl.load(src_idx + cap).to(tl.int64)
-    tile = mask_v[:, None] & mask_k[None, :]
-    h_tile = offs_v[:, None] * s_h_v + offs_k[None, :] * s_h_k
-    h0 = tl.load(h + src * s_h_c + head * s_h_h + h_tile, mask=tile, other=0.0)
-    acc += h0.to(tl.float32) * tl.exp(g_end)
 
     dst = tl.load(dst_idx + cap).to(tl.int64)
     o_tile = offs_v[:, None] * s_o_v + offs_k[None, :] * s_o_k

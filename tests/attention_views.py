@@ -349,21 +349,25 @@ def runs(sg: SimpleNamespace, layer: Layer, gen: torch.Generator) -> dict[str, K
     }
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    """Against float64: float32 math, or half-precision inputs rounded inside the kernel."""
-    return 1e-5 if dtype == torch.float32 else 3e-2
+def _tolerance(kv: torch.Tensor) -> float:
+    """Against float64: float32 math (on a GPU Triton's float32 dot products run in TF32, a
+    10-bit mantissa), or half-precision inputs rounded inside the kernel."""
+    if kv.dtype != torch.float32:
+        return 3e-2
+    return 5e-3 if kv.is_cuda else 1e-5
 
 
 def assert_read_right(sg: SimpleNamespace, layer: Layer, gen: torch.Generator) -> None:
     """Each kernel's output on the pool's views equals its output on contiguous copies of the
     same values bit for bit, and is close to the float64 reference."""
     dense = layer.contiguous()
-    tol = _tolerance(layer.k.dtype)
+    tol = _tolerance(layer.k)
     for name, (run, reference) in runs(sg, layer, gen).items():
         got = run(layer)
         assert torch.equal(got, run(dense)), f"{name}: pool views and contiguous copies differ"
         want = reference(dense).to(got.device, got.dtype)
-        assert torch.allclose(got, want, atol=tol, rtol=tol), f"{name}: far from the reference"
+        err = float((got.double() - want.double()).abs().max())
+        assert torch.allclose(got, want, atol=tol, rtol=tol), f"{name}: {err:.2g} off"
 
 
 def assert_misread_caught(sg: SimpleNamespace, layer: Layer, gen: torch.Generator) -> None:
