@@ -95,3 +95,45 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     assert (
         "ERROR --jenga-pool (on with --enable-jenga) conflicts with --attention-backend fa3" in text
     )
+
+
+_REFUSALS_PROBE = textwrap.dedent(
+    """
+    import json
+    import sys
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+
+    for argv in json.loads(sys.argv[1]):
+        try:
+            prepare_server_args(["--model-path", "dummy", "--enable-jenga", *argv])
+            print("OK", argv)
+        except ValueError as exc:
+            print("ERROR", exc)
+    """
+)
+
+#: A value for each refused flag that takes one (the others are switches).
+_VALUES = {"--mamba-full-memory-ratio": "0.5", "--speculative-algorithm": "NGRAM"}
+
+
+def test_every_refused_flag_fails_at_start_up_naming_itself_and_why(tmp_path: Path) -> None:
+    """Through SGLang's own argument parsing and our plugin, as `launch_server` runs them:
+    each refused flag fails with a message that names it and gives the reason."""
+    import json
+
+    from jenga_sglang.binding.refusals import WITH_JENGA, WITH_POOL, refusal_message
+
+    cases = [(r, "--enable-jenga") for r in WITH_JENGA]
+    cases += [(r, "--jenga-pool (on with --enable-jenga)") for r in WITH_POOL]
+    argvs = [[r.flag, *([_VALUES[r.flag]] if r.flag in _VALUES else [])] for r, _ in cases]
+    probe = tmp_path / "probe.py"
+    probe.write_text(_REFUSALS_PROBE)
+    lines = _run([str(probe), json.dumps(argvs)], tmp_path).splitlines()
+    errors = [line.removeprefix("ERROR ") for line in lines if line.startswith(("ERROR", "OK"))]
+    assert len(errors) == len(cases), lines
+    for (refusal, prefix), got in zip(cases, errors, strict=True):
+        assert got == refusal_message(prefix, refusal)

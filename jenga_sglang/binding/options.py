@@ -22,6 +22,7 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from jenga_sglang.binding.refusals import WITH_JENGA, WITH_POOL, refusal_message
 from jenga_sglang.policies.branching import GHOST_TOKENS
 from jenga_sglang.policies.registry import (
     EVICTIONS,
@@ -39,26 +40,6 @@ CAPTURES = ("in-pass", "cut")
 #: The server's record when no policy flag is given: the `jenga` bundle with the state at each
 #: prompt's end kept, since a chat client's next turn may re-render the reply it resends.
 SERVER_POLICY = replace(bundle("jenga"), prompt_end=True)
-
-# Flags of SGLang that select another cache or a feature our backend does not implement.
-_CONFLICTS: tuple[tuple[str, str], ...] = (
-    ("disable_radix_cache", "--disable-radix-cache"),
-    ("enable_hierarchical_cache", "--enable-hierarchical-cache"),
-    ("enable_lmcache", "--enable-lmcache"),
-    ("enable_flexkv", "--enable-flexkv"),
-    ("enable_int8_mamba_checkpoint", "--enable-int8-mamba-checkpoint"),
-    ("enable_session_radix_cache", "--enable-session-radix-cache"),
-    ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker"),
-)
-
-# Flags of SGLang that size or lay out the memory the Jenga pool replaces: (attr, flag, default).
-_POOL_CONFLICTS: tuple[tuple[str, str, object], ...] = (
-    ("enable_unified_memory", "--enable-unified-memory", False),
-    ("mamba_full_memory_ratio", "--mamba-full-memory-ratio", None),
-    ("enable_page_major_kv_layout", "--enable-page-major-kv-layout", False),
-    ("speculative_algorithm", "--speculative-algorithm", None),
-)
-
 
 # SGLang's attention flags, as (prefill, decode) resolve them: a split flag wins over the base.
 _ATTENTION_FLAGS: tuple[tuple[str, str], ...] = (
@@ -249,9 +230,9 @@ def check_conflicts(args: argparse.Namespace) -> None:
         if given:
             raise JengaFlagError(f"{', '.join(given)} given without --enable-jenga")
         return
-    for attr, flag in _CONFLICTS:
-        if getattr(args, attr, False):
-            raise JengaFlagError(f"--enable-jenga conflicts with {flag}")
+    for refusal in WITH_JENGA:
+        if refusal.given(args):
+            raise JengaFlagError(refusal_message("--enable-jenga", refusal))
     backend = getattr(args, "radix_cache_backend", None)
     if backend not in (None, BACKEND_NAME):
         raise JengaFlagError(
@@ -261,9 +242,9 @@ def check_conflicts(args: argparse.Namespace) -> None:
     check_disaggregation(args)
     if getattr(args, "jenga_pool", None) is False:
         return
-    for attr, flag, default in _POOL_CONFLICTS:
-        if getattr(args, attr, default) not in (default, None):
-            raise JengaFlagError(f"--jenga-pool (on with --enable-jenga) conflicts with {flag}")
+    for refusal in WITH_POOL:
+        if refusal.given(args):
+            raise JengaFlagError(refusal_message("--jenga-pool (on with --enable-jenga)", refusal))
     for attr, flag in _ATTENTION_FLAGS:
         backend = getattr(args, attr, None)
         if backend is not None and backend not in POOL_ATTENTION_BACKENDS:

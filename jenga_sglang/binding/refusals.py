@@ -1,0 +1,103 @@
+"""SGLang flags `--enable-jenga` refuses at start-up, each with the reason the message gives.
+
+docs/sglang.md ("Refused flags") lists the same table; tests/test_binding_options.py checks
+that every entry fails with its flag and reason and that the docs list exactly these flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """SGLang's flag `flag` (namespace attribute `attr`) is refused when its value is not
+    `unset` (nor None); `reason` says why, in one clause."""
+
+    attr: str
+    flag: str
+    reason: str
+    unset: object = False
+
+    def given(self, args: argparse.Namespace) -> bool:
+        return getattr(args, self.attr, self.unset) not in (self.unset, None)
+
+
+#: Refused with our cache at all: each selects another cache or a feature built on SGLang's own.
+WITH_JENGA: tuple[Refusal, ...] = (
+    Refusal(
+        "disable_radix_cache",
+        "--disable-radix-cache",
+        "it turns prefix caching off, which is what --enable-jenga does; drop one of the two",
+    ),
+    Refusal(
+        "enable_hierarchical_cache",
+        "--enable-hierarchical-cache",
+        "our host-memory tier runs in the simulator only (docs/host-tier.md), and SGLang's "
+        "HiCache moves the nodes of its own UnifiedRadixCache",
+    ),
+    Refusal(
+        "enable_lmcache",
+        "--enable-lmcache",
+        "the scheduler drives LMCache's store and retrieve through SGLang's "
+        "LMCacheUnifiedRadixCache, which our tree is not",
+    ),
+    Refusal(
+        "enable_flexkv",
+        "--enable-flexkv",
+        "FlexKV serves its host hits through its own FlexKVRadixCache; our tree has no FlexKV "
+        "connector",
+    ),
+    Refusal(
+        "enable_int8_mamba_checkpoint",
+        "--enable-int8-mamba-checkpoint",
+        "SGLang's int8 MambaCheckpointPool holds the cached states of its own tree; ours keep "
+        "full precision in the Jenga pool, and the cost model counts their bytes so",
+    ),
+    Refusal(
+        "enable_session_radix_cache",
+        "--enable-session-radix-cache",
+        "SGLang builds session reuse into its UnifiedRadixCache alone; our tree keeps each "
+        "prompt end's state instead (--jenga-prompt-end, on by default)",
+    ),
+    Refusal(
+        "enable_unified_cache_external_linker",
+        "--enable-unified-cache-external-linker",
+        "the linker attaches external stores to UnifiedRadixCache's components; our cache is "
+        "not one",
+    ),
+)
+
+#: Refused with the Jenga pool (on by default; `--no-jenga-pool` lifts these): each sizes or
+#: lays out the memory the pool replaces, or needs a page type the pool does not have.
+WITH_POOL: tuple[Refusal, ...] = (
+    Refusal(
+        "enable_unified_memory",
+        "--enable-unified-memory",
+        "SGLang's unified memory and the Jenga pool each replace the static KV / state split; "
+        "use one",
+    ),
+    Refusal(
+        "mamba_full_memory_ratio",
+        "--mamba-full-memory-ratio",
+        "it sizes the static KV / state split, which the pool replaces by carving pages on demand",
+        None,
+    ),
+    Refusal(
+        "enable_page_major_kv_layout",
+        "--enable-page-major-kv-layout",
+        "the pool's KV views are slot-strided, and only the triton and torch_native attention "
+        "backends are checked on them",
+    ),
+    Refusal(
+        "speculative_algorithm",
+        "--speculative-algorithm",
+        "the draft model's KV and state are not a page type of the pool yet",
+        None,
+    ),
+)
+
+
+def refusal_message(prefix: str, refusal: Refusal) -> str:
+    return f"{prefix} conflicts with {refusal.flag}: {refusal.reason}"
