@@ -99,17 +99,18 @@ class LoopbackProcess:
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            if proc.poll() is not None:
+                break
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
                 break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # children that outlived the launcher
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+        # Children that outlived the launcher (one that died on its own included) are still in
+        # its process group.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,72 @@
+"""bench/drivers/process.py: stopping a loopback process takes its whole process group."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from jenga_sglang.bench.drivers.process import LoopbackProcess, ServerError
+
+
+class _Probe(LoopbackProcess):
+    name = "probe"
+
+    def __init__(self, script: str, log: Path, ready: bool = True) -> None:
+        super().__init__(["bash", "-c", script], log=log, ready_timeout_s=6, env={})
+        self.ready = ready
+
+    def _ready(self) -> bool:
+        return self.ready
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits there for PID 1 to reap it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(50):  # bounded: 5 s
+        if not _running(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _child(pidfile: Path) -> int:
+    for _ in range(50):  # bounded: 5 s
+        if pidfile.exists() and pidfile.read_text().strip():
+            return int(pidfile.read_text())
+        time.sleep(0.1)
+    raise AssertionError("the child never started")
+
+
+@pytest.mark.parametrize("launcher_exits", [False, True])
+def test_stop_takes_the_children_even_when_the_launcher_is_gone(
+    tmp_path: Path, launcher_exits: bool
+) -> None:
+    pidfile = tmp_path / "child.pid"
+    tail = "exit 0" if launcher_exits else "wait"
+    probe = _Probe(f"sleep 300 & echo $! > {pidfile}; {tail}", tmp_path / "log")
+    with probe:
+        child = _child(pidfile)
+        assert _running(child)
+        if launcher_exits:
+            assert probe._proc is not None
+            probe._proc.wait(timeout=5)
+    assert probe.pid is None
+    assert _gone(child)
+
+
+def test_a_process_that_never_gets_ready_is_stopped_and_quoted(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    probe = _Probe(f"echo starting; sleep 300 & echo $! > {pidfile}; wait", tmp_path / "log", False)
+    with pytest.raises(ServerError, match=r"probe not ready after 6 s(.|\n)*starting"):
+        probe.__enter__()
+    assert probe.pid is None
+    assert _gone(_child(pidfile))
