@@ -102,6 +102,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--host-bw", type=float, default=25.0, help="host <-> device GB/s (default 25: PCIe 4)"
     )
     p.add_argument(
+        "--int8-checkpoints",
+        action="store_true",
+        help="store SSM checkpoints as SGLang's --enable-int8-mamba-checkpoint does (int8 with "
+        "per-channel scales: Mamba2 and linear-attention states; sequential replay)",
+    )
+    p.add_argument(
         "--hicache-write-policy",
         default="write_through",
         choices=("write_through", "write_through_selective", "write_back"),
@@ -188,6 +194,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         "via": args.via,
         "host_bw": args.host_bw,
         "hicache_write": args.hicache_write_policy,
+        "int8_checkpoints": args.int8_checkpoints,
     }
 
 

@@ -42,7 +42,7 @@ from jenga_sglang.bench.traces.packed import PackedRequest, pack
 from jenga_sglang.bench.traces.trace import load_trace
 from jenga_sglang.compiled import compiled
 from jenga_sglang.models.presets import get_spec, preset_names
-from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.models.spec import ModelSpec, int8_checkpoints
 from jenga_sglang.policies.bundles import build_cache, byte_budget
 from jenga_sglang.policies.host import HostSpec, tier_layers
 from jenga_sglang.policies.registry import bundle
@@ -79,6 +79,7 @@ class RunConfig:
     host_gb: float = 0.0  # a host-memory tier of this size (docs/host-tier.md); 0: none
     host_bw: float = 25.0  # its host <-> device bandwidth, GB/s (PCIe 4; 50 for PCIe 5)
     hicache_write: str = "write_through"  # --cache sglang-native-hicache's write policy
+    int8_checkpoints: bool = False  # checkpoints stored as SGLang's int8 (models/spec.py)
 
     @property
     def cache_bytes(self) -> int:
@@ -113,7 +114,23 @@ def validate(config: RunConfig) -> None:
     locks = config.cache != OURS or bundle(config.policy).lock_prefix
     validate_host(config.host_gb, config.host_bw, config.cache, config.mode, config.via, locks)
     validate_hicache(config.cache, config.host_gb, config.hicache_write)
+    if config.int8_checkpoints:
+        _validate_int8(config)
     CostModel.with_overrides(dict(config.cost))
+
+
+def _validate_int8(config: RunConfig) -> None:
+    """Where int8 checkpoints are modelled faithfully: our cache's sequential replay on a byte
+    budget or the Jenga pool, which hold the tree's checkpoints and nothing else. SGLang keeps
+    running requests' states at full precision beside its int8 checkpoint pool; the engine
+    replay and SGLang's pools would quantize those too."""
+    if config.cache != OURS or config.via or config.mode != "sequential":
+        raise ValueError("--int8-checkpoints runs in the sequential replay of --cache jenga only")
+    if config.memory not in ("bytes", "jenga"):
+        raise ValueError(
+            f"--int8-checkpoints applies to --memory bytes or jenga, not {config.memory}"
+        )
+    int8_checkpoints(get_spec(config.model))  # raises for a spec it does not apply to
 
 
 def load_packed(path: str) -> list[PackedRequest]:
@@ -189,6 +206,8 @@ def run(config: RunConfig) -> dict[str, Any]:
     validate(config)
     requests = load_packed(config.trace)
     spec = get_spec(config.model)
+    if config.int8_checkpoints:
+        spec = int8_checkpoints(spec)
     if config.cache == HICACHE:  # SGLang's host tier (bench/runs/tiers.py)
         cost = CostModel.with_overrides(dict(config.cost))
         chunk = config.engine.chunk_tokens
@@ -277,6 +296,8 @@ def _config_fields(config: RunConfig) -> dict[str, Any]:
         "cache_bytes": config.cache_bytes,
         "host_gb": config.host_gb,
         "host_bw": config.host_bw,
+        # only where on, so that records of full-precision runs are as before
+        **({"int8_checkpoints": True} if config.int8_checkpoints else {}),
     }
 
 

@@ -20,7 +20,7 @@ length p saves exactly F(p); a radix node covering [a, b) saves F(b) - F(a) rela
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -33,6 +33,7 @@ def _check_positive(group: str, **values: int) -> None:
 class DType(Enum):
     """Element types of cached tensors, with their width in bytes."""
 
+    INT8 = ("int8", 1)
     FP8 = ("float8", 1)
     BF16 = ("bfloat16", 2)
     FP16 = ("float16", 2)
@@ -130,6 +131,10 @@ class MambaGroup:
     temporal_shape: tuple[int, ...]
     temporal_dtype: DType
     linear_flops_per_token: float
+    #: Quantized checkpoints (`int8_checkpoints`): one scale per (head, k-channel), in the
+    #: state's own dtype before quantization; () for none.
+    temporal_scale_shape: tuple[int, ...] = ()
+    temporal_scale_dtype: DType = DType.FP32
 
     def __post_init__(self) -> None:
         _check_positive(self.name, num_layers=self.num_layers)
@@ -147,8 +152,11 @@ class MambaGroup:
 
     @property
     def temporal_bytes(self) -> int:
-        """Temporal (SSM) state bytes of one layer."""
-        return math.prod(self.temporal_shape) * self.temporal_dtype.nbytes
+        """Temporal (SSM) state bytes of one layer (with its scales, when quantized)."""
+        scales = self.temporal_scale_dtype.nbytes * math.prod(self.temporal_scale_shape)
+        return math.prod(self.temporal_shape) * self.temporal_dtype.nbytes + (
+            scales if self.temporal_scale_shape else 0
+        )
 
     @property
     def state_bytes(self) -> int:
@@ -229,3 +237,27 @@ class ModelSpec:
         if not 0 <= start <= end:
             raise ValueError(f"bad token range [{start}, {end})")
         return self.flops(end) - self.flops(start)
+
+
+def int8_checkpoints(spec: ModelSpec) -> ModelSpec:
+    """`spec` with its SSM checkpoints stored as SGLang's `--enable-int8-mamba-checkpoint`
+    stores them (mem_cache/mamba_checkpoint_pool.py): the temporal state in int8 with one scale
+    per (layer, head, k-channel), in the state's own dtype, reducing over d_v; the conv state
+    as it was. That applies to states laid out (heads, d_v, d_k): Mamba2's and the linear
+    attentions'. A Mamba-1 state (channels, d_state) has no such axis, and SGLang does not
+    quantize it; that raises ValueError, as does a spec without Mamba layers."""
+    if not spec.has_mamba:
+        raise ValueError(f"model spec {spec.name!r} has no SSM checkpoints to quantize")
+    groups: list[LayerGroup] = []
+    for g in spec.groups:
+        if isinstance(g, MambaGroup):
+            if len(g.temporal_shape) != 3 or g.temporal_scale_shape:
+                raise ValueError(
+                    f"group {g.name!r}: int8 checkpoints need a (heads, d_v, d_k) state, got "
+                    f"{g.temporal_shape}{' (quantized already)' if g.temporal_scale_shape else ''}"
+                )
+            heads, _, d_k = g.temporal_shape
+            g = replace(g, temporal_dtype=DType.INT8, temporal_scale_shape=(heads, 1, d_k),
+                        temporal_scale_dtype=g.temporal_dtype)  # fmt: skip
+        groups.append(g)
+    return replace(spec, groups=tuple(groups), source=f"{spec.source}; int8 checkpoints")
