@@ -52,8 +52,9 @@ WITH_JENGA: tuple[Refusal, ...] = (
     Refusal(
         "enable_int8_mamba_checkpoint",
         "--enable-int8-mamba-checkpoint",
-        "SGLang's int8 MambaCheckpointPool holds the cached states of its own tree; ours keep "
-        "full precision in the Jenga pool, and the cost model counts their bytes so",
+        "SGLang's int8 MambaCheckpointPool holds the cached states of its own tree; our live "
+        "pool keeps them in full precision (the simulator models int8: jenga-bench "
+        "--int8-checkpoints)",
     ),
     Refusal(
         "enable_session_radix_cache",
