@@ -78,7 +78,7 @@ def _evict_last_segment(tree: RadixTree, run: Node) -> None:
         if len(tail):
             tree.memory.free_evictable(ptype, tail)
         run.kv[slot] = head
-        run.tombstones[slot] = min(tomb, keep)
+        run.set_tombstone(slot, min(tomb, keep))
     if run.state is not None:
         assert tree.state_type is not None
         tree.memory.free_evictable(tree.state_type, run.state)
@@ -120,10 +120,10 @@ def _merge_into_child(tree: RadixTree, node: Node) -> None:
             # node's window pages either: they become tombstones too.
             if len(node.kv[slot]):
                 tree.memory.free_evictable(ptype, node.kv[slot])
-            child.tombstones[slot] += len(node.key)
+            child.set_tombstone(slot, child.tombstones[slot] + len(node.key))
         else:
             child.kv[slot] = node.kv[slot].concat(child.kv[slot])
-            child.tombstones[slot] = node.tombstones[slot]
+            child.set_tombstone(slot, node.tombstones[slot])
     child.key = node.key.concat(child.key)
     child.inner = node.inner + child.inner
     child.parent = node.parent
@@ -166,7 +166,7 @@ def trim_window(tree: RadixTree, slot: int) -> bool:
         return False
     tomb = best.tombstones[slot]
     gone, best.kv[slot] = best.kv[slot].split(best_cut - tomb)
-    best.tombstones[slot] = best_cut
+    best.set_tombstone(slot, best_cut)
     ptype = tree.kv_types[slot]
     if best.lock_ref:
         tree.memory.free(ptype, gone)

@@ -216,7 +216,7 @@ def _revive_windows(
                 spare.append(rest.split(taken_to - hi)[0])
             before, revived = before.split(lo - first)
             n.kv[slot] = revived.concat(n.kv[slot])
-            n.tombstones[slot] = lo - n.start
+            n.set_tombstone(slot, lo - n.start)
             if n.lock_ref == 0:
                 tree.memory.mark_evictable(ptype, revived)
             tree.policy.update(n)

@@ -29,7 +29,7 @@ part of the tree, all the eviction policies see, is closed upwards. A checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -64,7 +64,7 @@ class Node:
         key: TokenSeq,
         parent: Node | None,
         kv: list[Pages],
-        tombstones: list[int],
+        tombstones: Sequence[int],
         now: int,
     ) -> None:
         self.id = node_id
@@ -72,7 +72,9 @@ class Node:
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.kv = kv
-        self.tombstones = tombstones
+        # A tuple of ints: the garbage collector stops tracking it, one object fewer per node
+        # for every full collection to walk (bench/RESULTS.md, "Scheduler cost").
+        self.tombstones: tuple[int, ...] = tuple(tombstones)
         self.state: Pages | None = None
         # (absolute position, one-page state) strictly inside (start, end), ascending: a run
         self.inner: tuple[tuple[int, Pages], ...] = ()
@@ -87,6 +89,11 @@ class Node:
         self.host = False
         self.host_children: dict[bytes, Node] = {}
         self.host_state: Pages | None = None
+
+    def set_tombstone(self, slot: int, count: int) -> None:
+        """Group `slot` has dropped its leading `count` tokens' pages (tombstones are a tuple)."""
+        t = self.tombstones
+        self.tombstones = (*t[:slot], count, *t[slot + 1 :])
 
     @property
     def is_root(self) -> bool:

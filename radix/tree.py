@@ -278,7 +278,7 @@ class RadixTree(Evictor):
             head, tail = pages.split(at - upper_tomb[-1])
             upper_kv.append(head)
             node.kv[slot] = tail
-            node.tombstones[slot] = max(0, tomb - at)
+            node.set_tombstone(slot, max(0, tomb - at))
         upper = Node(
             self.new_id(),
             node.key.slice(0, at),

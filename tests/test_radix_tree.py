@@ -101,7 +101,7 @@ def test_sliding_window_tombstones_limit_valid_prefixes():
     kv_full = cache.memory.alloc(full, 10, 0)
     kv_swa = cache.memory.alloc(swa, 4, 0)  # the request dropped the first 6 window pages
     leaf = cache.tree.insert(key, 0, [kv_full, kv_swa], {}, now=1)
-    assert leaf.tombstones == [0, 6]
+    assert leaf.tombstones == (0, 6)
     assert cache.tree.match(key).length == 10
     assert cache.tree.match(seq(0, 8)).length == 8  # needs 6, 7
     assert cache.tree.match(seq(0, 7)).length == 0  # needs 5 (dropped): nothing valid above 0

@@ -24,12 +24,12 @@ def test_a_request_that_brings_the_window_revives_the_tombstones() -> None:
     cache = make_cache(attention_spec(window=2))
     _, swa = cache.tree.kv_types
     leaf = _insert(cache, 0, 10, dropped=6)
-    assert leaf.tombstones == [0, 6]
+    assert leaf.tombstones == (0, 6)
     assert cache.tree.match(seq(0, 7)).length == 0  # 5 and 6 are gone
     held = memory(cache).held_bytes()
     revived = _insert(cache, 0, 10, dropped=3)  # recomputed, its own window from position 3
     assert revived is leaf
-    assert leaf.tombstones == [0, 3]
+    assert leaf.tombstones == (0, 3)
     assert [len(p) for p in leaf.kv] == [10, 7]
     assert cache.tree.match(seq(0, 7)).length == 7
     assert cache.tree.match(seq(0, 4)).length == 0  # 2 is still gone (neither had it)
@@ -43,9 +43,9 @@ def test_revived_pages_keep_the_tombstones_leading_in_every_node() -> None:
     _insert(cache, 0, 12, dropped=10)
     _insert(cache, 0, 4, dropped=0)  # splits [0, 4) | [4, 12): revives [0, 4)
     upper, lower = sorted(cache.tree.nodes(), key=lambda n: n.start)
-    assert (upper.end, upper.tombstones, lower.tombstones) == (4, [0, 0], [0, 6])
+    assert (upper.end, upper.tombstones, lower.tombstones) == (4, (0, 0), (0, 6))
     _insert(cache, 0, 12, dropped=7)  # brings [7, 12): lower's tombstones [4, 10) -> [4, 7)
-    assert lower.tombstones == [0, 3]
+    assert lower.tombstones == (0, 3)
     assert cache.tree.match(seq(0, 9)).length == 9
     assert cache.tree.match(seq(0, 8)).length == 4  # needs 6 (gone): falls back to 4
     cache.check_integrity()
@@ -62,7 +62,7 @@ def test_a_short_window_group_drops_out_of_window_pages_before_any_entry() -> No
     assert old.parent is not None and old.parent.end == 4
     upper = old.parent
     cache.memory.alloc(swa, 8, 2)  # short of window pages: out-of-window ones go, no entry
-    assert (upper.tombstones, old.tombstones, branch.tombstones) == ([0, 2], [0, 4], [0, 2])
+    assert (upper.tombstones, old.tombstones, branch.tombstones) == ((0, 2), (0, 4), (0, 2))
     assert cache.tree.evicted_nodes == 0
     # a hit at every node end is still valid
     assert cache.tree.match(seq(0, 4).concat(seq(50, 4))).length == 8
@@ -83,7 +83,7 @@ def test_a_locked_node_keeps_its_last_window() -> None:
     cache.tree.lock(leaf)
     _, swa = cache.tree.kv_types
     assert cache.tree.evict_for(swa)
-    assert leaf.tombstones == [0, 8] and leaf.parent is not None
+    assert leaf.tombstones == (0, 8) and leaf.parent is not None
     assert memory(cache).usage(swa).used == 2  # the last window, still the request's
     assert not cache.tree.evict_for(swa)  # nothing else: the locked entry stays
     assert cache.tree.match(seq(0, 10)).length == 10
