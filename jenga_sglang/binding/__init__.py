@@ -8,5 +8,6 @@
 * `slots/`: SGLang's slot ids as the tree's pages.
 
 This is the only package that imports sglang, and only inside functions or in modules that the
-pure-Python paths never import (`options`, `refusals` and `slots.memory` stay sglang- and torch-free).
+pure-Python paths never import (`options`, `refusals` and `slots.memory` stay sglang- and
+torch-free).
 """
