@@ -113,7 +113,7 @@ class HostTier(Evictor):
         if node.state is not None:
             assert tree.state_type is not None
             moves.append((tree.state_type, node.state))
-        copies = self._alloc_all([(ptype, len(pages)) for ptype, pages in moves])
+        copies = self.memory.try_alloc_all([(ptype, len(pages)) for ptype, pages in moves], 0)
         if copies is None:
             return False
         for (ptype, pages), copy in zip(moves, copies, strict=True):
@@ -137,13 +137,6 @@ class HostTier(Evictor):
             tree.policy.update(parent)
         self.policy.host.update(node)
         return True
-
-    def _alloc_all(self, wants: list[tuple[PageType, int]]) -> list[Pages] | None:
-        """Host pages for every (type, count), all or nothing (None: they do not fit)."""
-        try:
-            return self.memory.alloc_all(wants, 0)
-        except OutOfMemory:
-            return None
 
     def drop_below(self, node: Node) -> None:
         """Free what `node` has in host memory: its host checkpoint and every host node below

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
+from jenga_sglang.radix.pages import Pages
 from jenga_sglang.radix.rules import GroupRule, MambaRule, longest_common_valid
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -154,7 +154,7 @@ def _promote(cache: PrefixCache, host: HostTier, walk: Walk, hit: int) -> bool:
     if end_state is not None:
         assert tree.state_type is not None
         wants.append((tree.state_type, 1))
-    pages = _alloc_device(cache, wants)
+    pages = cache.memory.try_alloc_all(wants, 0)
     for node in nodes:
         node.lock_ref -= 1
     if pages is None:
@@ -179,13 +179,6 @@ def _deepest_device(path: tuple[Node, ...]) -> Node | None:
             break
         deepest = node
     return deepest
-
-
-def _alloc_device(cache: PrefixCache, wants: list[tuple[PageType, int]]) -> list[Pages] | None:
-    try:
-        return cache.memory.alloc_all(wants, 0)
-    except OutOfMemory:
-        return None
 
 
 def _move_down(host: HostTier, nodes: list[Node], runs: list[Pages]) -> None:

@@ -79,15 +79,7 @@ class CacheMemory(ABC):
         Each page is allocated in turn (evicting as it needs); if one fails, the pages already
         taken are freed and OutOfMemory raised, the evictions made so far staying made.
         """
-        got: list[Pages] = []
-        try:
-            for _ in range(count):
-                got.append(self.alloc(ptype, 1, owner))
-        except OutOfMemory:
-            for pages in got:
-                self.free(ptype, pages)
-            raise
-        return got
+        return self.alloc_all([(ptype, 1)] * count, owner)
 
     def alloc_all(self, wants: Sequence[tuple[PageType, int]], owner: int) -> list[Pages]:
         """Pages for every (type, count) of `wants`, in order, all or nothing: if one fails,
@@ -102,6 +94,15 @@ class CacheMemory(ABC):
                 self.free(ptype, pages)
             raise
         return got
+
+    def try_alloc_all(
+        self, wants: Sequence[tuple[PageType, int]], owner: int
+    ) -> list[Pages] | None:
+        """`alloc_all`, or None where the pages do not fit (the evictions made stay made)."""
+        try:
+            return self.alloc_all(wants, owner)
+        except OutOfMemory:
+            return None
 
     @abstractmethod
     def free(self, ptype: PageType, pages: Pages) -> None:

@@ -27,9 +27,9 @@ from jenga_sglang.bench.studies import kernel_bench as kb
 from jenga_sglang.bench.studies import kernel_gdn as gd
 from jenga_sglang.bench.studies import kernel_mamba2 as m2
 from jenga_sglang.kernels import gdn_capture, ssd_capture
+from jenga_sglang.kernels.ssd_capture import PRECISIONS  # the GDN capture takes the same
 
 PACKINGS = ((8, 1024, 16), (8, 1024, 127), (64, 128, 64))
-PRECISIONS = ("tf32x3", "tf32", "ieee")
 TILE_NAMES = {"mamba2": ("BLOCK_M", "BLOCK_N", "BLOCK_K"), "gdn": ("BLOCK_V", "BLOCK_K", "BLOCK_T")}
 
 
