@@ -87,7 +87,10 @@ class Session:
         admission: str = "speculative",
         prompt_end: bool = False,
         extra_buffer: bool = False,
+        int8_slots: int = 0,
     ) -> None:
+        """`int8_slots` > 0: `--enable-int8-mamba-checkpoint`, SGLang's int8 checkpoint pool
+        of that many slots beside the Mamba pool (the tree's states live there)."""
         from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
@@ -98,6 +101,8 @@ class Session:
         self.cache_params = params
         self.pool = params.req_to_token_pool
         self.alloc = params.token_to_kv_pool_allocator
+        self.checkpoints = self._checkpoint_pool(int8_slots) if int8_slots else None
+        self.pool.mamba_ckpt_pool = self.checkpoints  # what SGLang's pool sets with the flag
         self.cache = JengaRadixCache(
             params,
             get_spec("nemotron-h-8b"),
@@ -116,6 +121,23 @@ class Session:
         )
         self.rid = 0
         self.chunk = CHUNK  # the scheduler's prefill chunk (token budget per round)
+
+    def _checkpoint_pool(self, slots: int) -> Any:
+        from sglang.srt.mem_cache.mamba_checkpoint_pool import MambaCheckpointPool
+
+        mc = self.pool.mamba_pool.mamba_cache
+        layers, _, heads, d_v, d_k = mc.temporal.shape
+        return MambaCheckpointPool(
+            num_layers=layers,
+            num_slots=slots,
+            num_heads=heads,
+            head_v_dim=d_v,
+            head_k_dim=d_k,
+            conv_shapes=[tuple(c.shape[2:]) for c in mc.conv],
+            conv_dtype=mc.conv[0].dtype,
+            device="cpu",
+            temporal_dtype=mc.temporal.dtype,
+        )
 
     # ------------------------------------------------------------------ pool contents
 
@@ -146,8 +168,11 @@ class Session:
         self.sg.ScheduleBatch._collect_deferred_mamba_cow_and_clear(batch, [req])
         if batch.mamba_clear_indices is not None:
             self.pool.mamba_pool.clear_slots(batch.mamba_clear_indices)
-        if batch.mamba_cow_src_indices is not None:
-            self.pool.copy_mamba_state(batch.mamba_cow_src_indices, batch.mamba_cow_dst_indices)
+        src, dst = batch.mamba_cow_src_indices, batch.mamba_cow_dst_indices
+        if src is not None and self.checkpoints is not None:  # dequantized (ModelRunner)
+            self.checkpoints.load_to_active(self.pool.mamba_pool, src, dst)
+        elif src is not None:
+            self.pool.copy_mamba_state(src, dst)
 
     def track_slot(self, req: Any, position: int) -> int:
         """The slot the forward writes a tracked state into (`mamba_track_indices`)."""
@@ -251,7 +276,7 @@ class Session:
         req = self.admit(inp, len(out), **fields)
         hit = int(req.prefix_len)
         src = req.kv.mamba_cow_src_index
-        seeded = None if src is None else self.read(int(src[0]))
+        seeded = None if src is None or self.checkpoints else self.read(int(src[0]))
         self.prefill(req, out[0], cut_at)
         self.decode_and_finish(req, inp, out)
         return hit, seeded
@@ -294,6 +319,11 @@ class Session:
         usage = self.cache.memory.usage(self.cache.state_type)
         assert len(tree) == usage.used + usage.evictable
         assert len(tree) == self.cache.memory.held(self.cache.state_type)
+        if self.checkpoints is not None:  # the tree's in the int8 pool, the rest live
+            ckpt_free = self.checkpoints.allocator.free_slots.tolist()
+            assert len(ckpt_free) == self.checkpoints.available_size()
+            assert sorted(ckpt_free + tree) == list(range(1, self.checkpoints.num_slots + 1))
+            tree = []
         free = self.pool.mamba_allocator.free_slots.tolist()
         assert len(free) == self.pool.mamba_allocator.available_size()
         owned = [int(r.kv.mamba_pool_idx) for r in running if r.kv.holds_mamba]

@@ -137,3 +137,42 @@ def test_every_refused_flag_fails_at_start_up_naming_itself_and_why(tmp_path: Pa
     assert len(errors) == len(cases), lines
     for (refusal, prefix), got in zip(cases, errors, strict=True):
         assert got == refusal_message(prefix, refusal)
+
+
+_INT8_PROBE = textwrap.dedent(
+    """
+    import sys
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+
+    for argv in (["--enable-jenga", "--enable-int8-mamba-checkpoint"],
+                 ["--radix-cache-backend", "jenga", "--enable-int8-mamba-checkpoint"],
+                 ["--enable-int8-mamba-checkpoint", "--enable-lmcache"]):
+        try:
+            args = prepare_server_args(["--model-path", sys.argv[1], "--device", "cpu",
+                                        "--mamba-radix-cache-strategy", "no_buffer",
+                                        "--disable-overlap-schedule", *argv])
+            args.resolve_once()  # what launch_server runs next: SGLang's int8 check is here
+            print("OK", args.radix_cache_backend, args.enable_int8_mamba_checkpoint)
+        except ValueError as exc:
+            print("ERROR", exc)
+    """
+)
+
+
+def test_int8_checkpoints_pass_sglangs_check_with_our_cache_only(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """SGLang refuses `--enable-int8-mamba-checkpoint` beside any other radix-cache backend
+    (a check of its model-dependent argument resolution: a real model path); ours stores int8
+    checkpoints (binding/cache/mamba_state.py), so it passes, with the arguments unchanged,
+    while SGLang's other int8 checks still run."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(_INT8_PROBE)
+    out = _run([str(probe), str(tiny_model)], tmp_path)
+    lines = [line for line in out.splitlines() if line.startswith(("OK", "ERROR"))]
+    assert lines[:2] == ["OK jenga True", "OK jenga True"], lines
+    assert lines[2].startswith("ERROR") and "LMCache is not int8-aware" in lines[2], lines

@@ -37,6 +37,7 @@ pynccl (jenga_sglang/cpu_tensor_parallel.py); elsewhere it changes nothing of SG
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 from typing import Any
 
@@ -50,6 +51,7 @@ from jenga_sglang.binding.options import (
 )
 
 _SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
+_INT8_CHECK = "sglang.srt.arg_groups.mamba_hook.handle_int8_mamba_checkpoint"
 logger = logging.getLogger(__name__)
 
 
@@ -72,6 +74,17 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
             "--no-jenga-pool to use them.",
             backend,
         )
+
+
+def _around_int8_check(original: Any, server_args: Any) -> Any:
+    """SGLang refuses `--enable-int8-mamba-checkpoint` beside any `--radix-cache-backend` as
+    not int8-aware. Ours is (binding/cache/mamba_state.py), so its other checks (HiCache,
+    LMCache) run as for the built-in cache, on a copy: the arguments stay as they are."""
+    if getattr(server_args, "radix_cache_backend", None) != BACKEND_NAME:
+        return original(server_args)
+    view = copy.copy(server_args)
+    view.radix_cache_backend = None
+    return original(view)
 
 
 def _cuda_available() -> bool:
@@ -111,6 +124,7 @@ def register() -> None:
     HookRegistry.register(f"{_SERVER_ARGS}.add_cli_args", _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _before_from_cli_args, HookType.BEFORE)
     HookRegistry.register(f"{_SERVER_ARGS}.from_cli_args", _after_from_cli_args, HookType.AFTER)
+    HookRegistry.register(_INT8_CHECK, _around_int8_check, HookType.AROUND)
     adder = prefill_cut.ADDER
     HookRegistry.register(f"{adder}.add_one_req", prefill_cut.around_add_one_req, HookType.AROUND)
     HookRegistry.register(

@@ -50,13 +50,6 @@ WITH_JENGA: tuple[Refusal, ...] = (
         "connector",
     ),
     Refusal(
-        "enable_int8_mamba_checkpoint",
-        "--enable-int8-mamba-checkpoint",
-        "SGLang's int8 MambaCheckpointPool holds the cached states of its own tree; our live "
-        "pool keeps them in full precision (the simulator models int8: jenga-bench "
-        "--int8-checkpoints)",
-    ),
-    Refusal(
         "enable_session_radix_cache",
         "--enable-session-radix-cache",
         "SGLang builds session reuse into its UnifiedRadixCache alone; our tree keeps each "

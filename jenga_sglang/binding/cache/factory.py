@@ -14,7 +14,7 @@ from jenga_sglang.binding.cache.compat import (
 from jenga_sglang.binding.options import JengaOptions, options_of
 from jenga_sglang.models.config import spec_from_hf_config, supported_architectures
 from jenga_sglang.models.hf_fields import ConfigError
-from jenga_sglang.models.spec import ModelSpec
+from jenga_sglang.models.spec import ModelSpec, int8_checkpoints
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
 #: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_inpass_capture.py checks the list
@@ -86,6 +86,8 @@ def build_tree_cache(ctx: Any) -> Any:
     else:  # one KV pool keeps every layer's KV for every token
         spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
+    if getattr(ctx.params.req_to_token_pool, "mamba_ckpt_pool", None) is not None:
+        spec = int8_checkpoints(spec)  # the tree's states are SGLang's int8 checkpoints
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)
     # SGLang's rank-consensus checker on: the same cache with its marks (cache/tp_consensus.py)
     cls = ConsensusJengaRadixCache if checker_requested() else JengaRadixCache

@@ -26,6 +26,14 @@ States are slots of SGLang's Mamba pool (`HybridReqToTokenPool.mamba_pool`). Thr
 `settle` frees what the tree did not take and clears the request's fields the way SGLang's own
 Mamba component does (the tracked position only after a donation), so every slot has exactly
 one owner afterwards.
+
+With `--enable-int8-mamba-checkpoint` SGLang builds its int8 `MambaCheckpointPool`
+(`req_pool.mamba_ckpt_pool`) and the tree holds slots of that pool, never live ones, as
+SGLang's own tree does then. A running checkpoint is not forked or donated: `quantize` stores
+the state from the slot that holds it (the live slot, a tracked slot, an in-pass capture slot)
+into a fresh checkpoint slot with SGLang's own quantizer, and that slot stays with its owner.
+A hit names the checkpoint slot as the copy-on-write source, which SGLang's model runner
+dequantizes into the request's live slot (`ModelRunner`, `mamba_ckpt_pool.load_to_active`).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from typing import Any
 import torch
 
 EvictStates = Callable[[int], None]
+FreeCheckpoints = Callable[[list[int]], None]
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,9 @@ class Captured:
 class StateHandOver:
     """Moves Mamba pool slots between requests and the tree (see module doc).
 
-    `evict_states(n)` must make `n` Mamba slots allocatable (the backend evicts its tree).
+    `evict_states(n)` must make `n` slots of the pool the tree holds states in allocatable
+    (the backend evicts its tree): live Mamba slots, or int8 checkpoint slots when SGLang
+    built its checkpoint pool (`checkpoints`).
     """
 
     def __init__(self, req_pool: Any, extra_buffer: bool, evict_states: EvictStates) -> None:
@@ -63,16 +74,40 @@ class StateHandOver:
         self.pool = req_pool
         self.extra_buffer = extra_buffer
         self.evict_states = evict_states
+        self.checkpoints: Any = getattr(req_pool, "mamba_ckpt_pool", None)
 
     # ------------------------------------------------------------------ slots
 
     def try_alloc_slot(self) -> torch.Tensor | None:
-        """A fresh Mamba slot, evicting tree states if needed; None if none can be freed."""
+        """A fresh Mamba slot, evicting tree states if needed; None if none can be freed
+        (with int8 checkpoints the tree holds no live slot: evicting frees none)."""
         slot = self.pool.mamba_allocator.alloc(1)
-        if slot is None:
+        if slot is None and self.checkpoints is None:
             self.evict_states(1)
             slot = self.pool.mamba_allocator.alloc(1)
         return slot  # type: ignore[no-any-return]
+
+    def quantize(self, states: dict[int, int]) -> dict[int, int]:
+        """int8 checkpoints: position -> checkpoint slot holding SGLang's quantization of
+        the live slot's state (module doc); positions with no checkpoint slot to be had after
+        eviction are left out. The live slots are untouched."""
+        stored: dict[int, int] = {}
+        translate = self.pool.translate_mamba_indices
+        for position, live in states.items():
+            slot = self.checkpoints.alloc(1)
+            if slot is None:
+                self.evict_states(1)
+                slot = self.checkpoints.alloc(1)
+            if slot is None:
+                continue  # every checkpoint slot is locked by a running request's path
+            source = torch.tensor([live], dtype=torch.int64, device=slot.device)
+            self.checkpoints.store_from_active(self.pool.mamba_pool, translate(source), slot)
+            stored[position] = int(slot.reshape(-1)[0].item())
+        return stored
+
+    def free_checkpoints(self, ids: list[int]) -> None:
+        if ids:
+            self.checkpoints.free(torch.tensor(ids, dtype=torch.int64))
 
     # ------------------------------------------------------------------ hit
 
@@ -101,15 +136,16 @@ class StateHandOver:
             return None
         if self.extra_buffer:
             return self._capture_tracked(req, up_to, finished, planned)
+        live = req.kv.mamba_pool_idx.reshape(1).to(torch.int64)
         if finished:
-            slot = req.kv.mamba_pool_idx.reshape(1).to(torch.int64)
-            return Captured(up_to, slot, donated=True)
+            return Captured(up_to, live, donated=True)
         if up_to not in planned:
             return None
+        if self.checkpoints is not None:
+            return Captured(up_to, live, donated=True)  # quantized from the live slot
         fork = self.try_alloc_slot()
         if fork is None:
             return None  # every slot held by running requests: this checkpoint is not kept
-        live = req.kv.mamba_pool_idx.reshape(1)
         translate = self.pool.translate_mamba_indices
         self.pool.copy_mamba_state(translate(live), translate(fork))
         return Captured(up_to, fork.reshape(1).to(torch.int64), donated=False)
@@ -128,6 +164,9 @@ class StateHandOver:
             return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
         if tracked not in planned:
             return None
+        if self.checkpoints is not None:  # quantized from the tracked slot, which stays
+            slot = req.kv.mamba_ping_pong_track_buffer[keep].reshape(1).to(torch.int64)
+            return Captured(tracked, slot.clone(), donated=True, keep_idx=keep)
         fresh = self.try_alloc_slot()
         if fresh is None:
             return None  # as above; the tracked state stays named for the finish

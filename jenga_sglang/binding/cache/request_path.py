@@ -95,18 +95,38 @@ class RequestPath:
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
         own = req.kv.cache_protected_len  # the row's slots before it are the tree's
         start = self._walk_start(req, whole)
+        int8 = self.handover is not None and self.handover.checkpoints is not None
+        if int8:  # the tree holds quantized copies; the live slots stay with their owners
+            assert self.handover is not None
+            states = self.handover.quantize(self._new_positions(states, tokens, start, namespace))
+            self.slots.free_states(list(inpass.values()))
         done = self._adopt(tokens, row[:whole], states, start, own, namespace)
         refused = done.refused
-        lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
-        if lost:
+        if int8:
+            assert self.handover is not None
+            self.handover.free_checkpoints(list(refused.values()))
+        else:
+            lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
             self.slots.free_states(lost)  # the tree had a checkpoint there already
         if self.handover is not None:
-            taken = offered is not None and offered not in refused and offered not in inpass
+            taken = (
+                not int8 and offered is not None and offered not in refused.keys() | inpass.keys()
+            )
             self.handover.settle(req, finished, captured, taken=taken)
         self._repoint(req, done)
         if finished:
             self._finished(req, len(tokens), planned, namespace)
         self.sync_metrics()
+
+    def _new_positions(
+        self, states: dict[int, int], tokens: TokenSeq, start: Node | None, namespace: str | None
+    ) -> dict[int, int]:
+        """`states` at positions the tree holds no checkpoint at: a duplicate is not quantized,
+        so a full checkpoint pool never evicts a state for a copy the tree then refuses."""
+        if not states:
+            return states
+        held = self.cache.reach(tokens, start, namespace).checkpoints()
+        return {p: slot for p, slot in states.items() if p not in held}
 
     def _walk_start(self, req: Any, size: int) -> Node | None:
         """Where the request's next insert's walk begins: the deepest node of the path it

@@ -134,6 +134,7 @@ def build_jenga_pools(
     device: str,
     req_pool_kwargs: dict[str, Any],
     page_size: int = 1,
+    checkpoint_base: int = 0,
 ) -> JengaPools:
     """One buffer of `budget_bytes`, SGLang's pool objects over its views, our allocators."""
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
@@ -156,6 +157,7 @@ def build_jenga_pools(
     req_pool = JengaHybridReqToTokenPool(
         mamba_pool=mamba_pool,
         mamba_allocator=JengaMambaAllocator(shared, device),
+        checkpoint_base=checkpoint_base,  # int8 checkpoints: stock's Mamba pool size
         cache_params=cache_params,
         mamba_layer_ids=list(mamba_layer_ids),
         device=device,

@@ -180,4 +180,5 @@ def _build(configurator: Any, sizes: Any) -> Any:
             "start_layer": layer.start_layer,
         },
         page_size=schedule.page_size,
+        checkpoint_base=int(schedule.max_mamba_cache_size or running),
     )

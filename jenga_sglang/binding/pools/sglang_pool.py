@@ -9,7 +9,11 @@
   them unchanged. It does not call `MambaPool.__init__` (which allocates): it sets the
   attributes that the inherited methods read, the disabled-feature ones included.
 * `JengaHybridReqToTokenPool(HybridReqToTokenPool)`: request rows are SGLang's; its Mamba pool and
-  Mamba slot allocator (binding/pools/allocator.py) are ours.
+  Mamba slot allocator (binding/pools/allocator.py) are ours. With
+  `--enable-int8-mamba-checkpoint` it builds SGLang's int8 `MambaCheckpointPool` for the tree's
+  states beside the Jenga buffer, of the size stock SGLang gives it (`checkpoint_base`: stock's
+  Mamba pool size, doubled unless `--int8-mamba-ckpt-size` says otherwise), from the same
+  headroom outside the KV budget: int8 pages are not a page type of the Jenga pool yet.
 
 Speculative decoding's per-draft buffers, ReplaySSM rings and Qwen4-Exp side states are not
 supported: the hook (binding/pools/hook.py) refuses those configurations at start-up.
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from sglang.srt.mem_cache.mamba_checkpoint_pool import maybe_init_int8_mamba_checkpoint_pool
 from sglang.srt.mem_cache.memory_pool import (
     HybridReqToTokenPool,
     MambaPool,
@@ -112,9 +117,15 @@ class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
     """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
 
     def __init__(
-        self, *, mamba_pool: JengaMambaPool, mamba_allocator: JengaMambaAllocator, **kwargs: Any
+        self,
+        *,
+        mamba_pool: JengaMambaPool,
+        mamba_allocator: JengaMambaAllocator,
+        checkpoint_base: int = 0,
+        **kwargs: Any,
     ) -> None:
         self._jenga_mamba = (mamba_pool, mamba_allocator)
+        self._checkpoint_base = checkpoint_base
         super().__init__(mamba_size=mamba_pool.size, **kwargs)
 
     def _init_mamba_pool(self, **kwargs: Any) -> None:
@@ -129,7 +140,12 @@ class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
             size=0, state_shape=None, layer_ids=[], dtype=torch.bfloat16, device=device
         )
         self.ngram_pool = NGramPool(size=0, context_len=0, eos_token_id=0, device=device)
-        self.mamba_ckpt_pool = None
+        self.mamba_ckpt_pool = maybe_init_int8_mamba_checkpoint_pool(  # None without the flag
+            mamba_size=self._checkpoint_base,
+            cache_params=kwargs["cache_params"],
+            mamba_layer_ids=layer_ids,
+            device=device,
+        )
         self.device = device
         rows = self.req_to_token.shape[0]
         self.req_index_to_mamba_index_mapping = torch.zeros(rows, dtype=torch.int32, device=device)

@@ -10,6 +10,11 @@ On SGLang's unified pool (--enable-unified-memory) the allocator offers a "Mamba
 KV and states share one byte buffer. The memory then models one shared budget, and the
 engine's own free counts say when an allocation fits (`SlotMemory.make_room`).
 
+With `--enable-int8-mamba-checkpoint` the tree's states are slots of SGLang's int8
+`MambaCheckpointPool` (`checkpoints`, cache/mamba_state.py): the state type's capacity, frees
+and room are that pool's, and the tree holds no live Mamba slot, so evicting it cannot make
+room for one.
+
 A hybrid-SWA model (gpt-oss) has two KV pools: the full one, whose slot ids a request's row
 holds, and the sliding-window one (binding/slots/windows.py). The tree's full-attention group
 holds full slots (`kv_type`) and its window group SWA slots (`window_type`).
@@ -57,6 +62,9 @@ class SglangSlots:
             if spec.has_mamba
             else None
         )
+        self.checkpoints: Any = (
+            getattr(self.req_to_token_pool, "mamba_ckpt_pool", None) if spec.has_mamba else None
+        )
         donor = getattr(self.allocator, "mamba_full_cache_donor", None)
         self.donor = donor() if callable(donor) and self.state_type is not None else None
         capacity, page_bytes = self._capacity(), self._page_bytes()
@@ -69,7 +77,8 @@ class SglangSlots:
         attach = getattr(self.donor, "attach_tree_states", None)
         state_type = self.state_type
         if callable(attach) and state_type is not None:  # the Jenga pool (pool/shared.py):
-            attach(lambda: self.memory.held(state_type))  # its reserve nets request-held states
+            # its reserve nets request-held states; int8: the tree holds none of the pool's
+            attach(lambda: 0 if self.checkpoints is not None else self.memory.held(state_type))
 
     def _capacity(self) -> dict[PageType, int]:
         if self.window is not None and self.window_type is not None:
@@ -79,7 +88,9 @@ class SglangSlots:
             }
         else:
             cap = {self.kv_type: int(self.allocator.size)}
-        if self.state_type is not None:
+        if self.checkpoints is not None and self.state_type is not None:
+            cap[self.state_type] = int(self.checkpoints.num_slots)
+        elif self.state_type is not None:
             cap[self.state_type] = int(self.req_to_token_pool.mamba_pool.size)
         return cap
 
@@ -114,12 +125,15 @@ class SglangSlots:
         index = torch.from_numpy(ids).to(self.device)
         if ptype == self.kv_type:
             self.allocator.free(index)
+        elif self.checkpoints is not None:
+            self.checkpoints.free(index)
         else:
             self.req_to_token_pool.mamba_allocator.free(index)
 
     def free_states(self, ids: list[int]) -> None:
         """Give Mamba slots the tree never took back to SGLang."""
-        self.req_to_token_pool.mamba_allocator.free(index_tensor(ids, self.device))
+        if ids:
+            self.req_to_token_pool.mamba_allocator.free(index_tensor(ids, self.device))
 
     def room(self, ptype: PageType) -> int:
         """Slots of `ptype` SGLang's allocators can hand out now, frees held back in an open
@@ -132,6 +146,8 @@ class SglangSlots:
             group = getattr(self.allocator, "free_group", None) or ()
             pending = sum(int(t.numel()) for t in group)
             return int(self.allocator.available_size()) + pending
+        if self.checkpoints is not None:
+            return int(self.checkpoints.available_size())
         return int(self.req_to_token_pool.mamba_allocator.schedulable_available_size())
 
     def make_room(self, ptype: PageType, count: int) -> None:
@@ -153,7 +169,8 @@ class SglangSlots:
         # and a shortfall is relative to the room SGLang saw. The window first: what it frees
         # first (out-of-window pages) loses the least.
         goals = [(self.window_type, window_tokens), (self.kv_type, num_tokens)]
-        goals.append((self.state_type, mamba_num))
+        if self.checkpoints is None:  # SGLang asks for live slots, which int8's tree lacks
+            goals.append((self.state_type, mamba_num))
         targets = [(t, self.room(t) + goal) for t, goal in goals if t is not None and goal > 0]
         for ptype, target in targets:
             self.make_room(ptype, target)
