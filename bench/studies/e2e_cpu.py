@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,14 +139,21 @@ def run_e2e(
     sessions: int,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     strategy: str = "no_buffer",
+    server_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """Each variant served with its flags after `server_flags` (the same for every server)."""
     traces = {
         "agent": small_agent_trace(out_dir / "traces", sessions),
         "chat8": cached_trace("system-chat", CHAT8, out_dir / "traces"),
     }
     runs = {
         name: serve_and_measure(
-            model, VARIANTS[name], traces, config, out_dir / f"server-{name}.log", strategy
+            model,
+            (*server_flags, *VARIANTS[name]),
+            traces,
+            config,
+            out_dir / f"server-{name}.log",
+            strategy,
         )
         for name in variants
     }
@@ -157,6 +165,7 @@ def run_e2e(
         "model": model,
         "traces": {name: str(path) for name, path in traces.items()},
         "strategy": strategy,
+        "server_flags": list(server_flags),
         "identical_outputs": same and same_fork,
         # Eight concurrent requests batch differently on each server; see docs/e2e-cpu.md.
         "identical_outputs_chat8": same_chat,
@@ -185,6 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_VARIANTS),
         help=f"servers to run, comma-separated, of {', '.join(VARIANTS)}",
     )
+    parser.add_argument(
+        "--server-flags",
+        default="",
+        help="more SGLang flags for every server, e.g. "
+        "--server-flags=--enable-int8-mamba-checkpoint",
+    )
     args = parser.parse_args(argv)
     if not (Path(args.model) / "config.json").exists():
         print(f"e2e-cpu: error: no model at {args.model} (run `make tiny-model`)", file=sys.stderr)
@@ -205,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     try:
-        summary = run_e2e(args.model, out, config, args.sessions, variants, args.strategy)
+        flags = shlex.split(args.server_flags)
+        summary = run_e2e(args.model, out, config, args.sessions, variants, args.strategy, flags)
     except ServerError as exc:
         print(f"e2e-cpu: error: {exc}", file=sys.stderr)
         return 1
