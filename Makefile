@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu e2e-models accelerate unaccelerate \
+.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
 	scale-tp scale-dp
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
@@ -43,6 +43,12 @@ data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 # (docs/e2e-cpu.md). About 10 minutes on 2 cores.
 e2e-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.e2e_cpu --model data/tiny-model --out out/e2e
+
+# SGLang's session radix cache against our agent path: the tiny model serves one agent replay,
+# every conversation an SGLang session, stock, stock --enable-session-radix-cache and
+# --enable-jenga, under one KV budget (bench/RESULTS.md "Serving: sessions"). About 10 minutes.
+sessions-cpu: tiny-model
+	$(PY) -m jenga_sglang.bench.studies.sessions_cpu --model data/tiny-model --out out/sessions
 
 # Every tiny model family (bench/drivers/tiny_families.py) served stock and with --enable-jenga on CPU,
 # at page 1, and one family of each cache kind at --page-size 16; out/e2e-models/summary.json and a

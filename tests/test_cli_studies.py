@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,17 @@ def test_a_bad_flag_is_the_study_s_usage_error(capsys: pytest.CaptureFixture[str
         main(["eviction", "--policies", "nope"])
     assert exit_.value.code == 2
     assert "unknown policies" in capsys.readouterr().err
+
+
+def test_sessions_study_refuses_bad_input_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jenga_sglang.bench.studies.sessions_cpu import main as sessions_main
+
+    assert sessions_main(["--model", str(tmp_path / "none")]) == 2
+    assert "no model at" in capsys.readouterr().err
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert sessions_main(["--model", str(model), "--concurrency", "0"]) == 2
+    assert "concurrency must be >= 1" in capsys.readouterr().err

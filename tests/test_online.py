@@ -41,6 +41,7 @@ class Peer:
     seen: list[list[str]] = field(default_factory=list)
     first_chunk_delay: float = 0.02
     status: int = 200
+    sessions: list[tuple[str, str]] = field(default_factory=list)  # ("open" | "close", id)
 
 
 def _prompt_words(messages: list[dict[str, str]]) -> list[str]:
@@ -93,7 +94,17 @@ def _app(peer: Peer) -> web.Application:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    def session_route(kind: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.json()
+            peer.sessions.append((kind, body["session_id"]))
+            return web.json_response(body["session_id"] if kind == "open" else None)
+
+        return handle
+
     app = web.Application()
+    app.router.add_post("/open_session", session_route("open"))
+    app.router.add_post("/close_session", session_route("close"))
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     return app
@@ -164,6 +175,25 @@ def test_replay_keeps_history_and_reports_cached_tokens(tmp_path: Path, peer: Pe
         assert rec["ttft_s"] >= peer.first_chunk_delay
         assert rec["latency_s"] >= rec["ttft_s"]
         assert rec["completion_tokens"] == 3
+
+
+def test_radix_sessions_open_name_and_close_one_session_per_conversation(
+    tmp_path: Path, peer: Peer
+) -> None:
+    trace = _trace(tmp_path / "t.jsonl", sessions=3, turns=2)
+    config = OnlineConfig(peer.url, concurrency=2, radix_sessions=True)
+    summary = run_online(str(trace), config)
+    assert summary["errors"] == 0 and summary["requests"] == 6
+    opened = [name for kind, name in peer.sessions if kind == "open"]
+    assert len(set(opened)) == 3
+    assert sorted(name for kind, name in peer.sessions if kind == "close") == sorted(opened)
+    named = [body["session_id"] for body in peer.bodies]
+    assert sorted(named) == sorted(opened * 2)  # every turn names its conversation's session
+    for name in opened:  # each session's turns lie between its open and its close
+        events = [(k, n) for k, n in peer.sessions if n == name]
+        assert events == [("open", name), ("close", name)]
+    plain = run_online(str(trace), OnlineConfig(peer.url))
+    assert plain["errors"] == 0 and all("session_id" not in b for b in peer.bodies[6:])
 
 
 def test_outputs_digest_tells_equal_and_different_replies(tmp_path: Path, peer: Peer) -> None:

@@ -36,6 +36,12 @@ def add_online_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-user-words", type=int, default=128, help="words per user message")
     p.add_argument("--max-output-tokens", type=int, default=32, help="reply tokens at most")
     p.add_argument("--model", default=None, help="model name (default: the server's first)")
+    p.add_argument(
+        "--radix-sessions",
+        action="store_true",
+        help="each conversation as an SGLang session (/open_session, session_id, "
+        "/close_session), for a server with --enable-session-radix-cache",
+    )
     p.add_argument("--json", action="store_true", help="print the whole summary as one line")
     p.set_defaults(func=cmd_online)
     return p
@@ -55,6 +61,7 @@ def cmd_online(args: argparse.Namespace) -> int:
             max_user_words=args.max_user_words,
             max_output_tokens=args.max_output_tokens,
             model=args.model,
+            radix_sessions=args.radix_sessions,
         )
         from jenga_sglang.bench.traces.agentic_trace import (
             is_agentic_trace,

@@ -21,6 +21,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "agent-bounds": ("agent_bounds", "session-level bounds of any policy over LRU"),
     "policy-targets": ("policy_targets", "bundles vs the per-configuration oracle"),
     "e2e-cpu": ("e2e_cpu", "the tiny model served on CPU, stock and --enable-jenga"),
+    "sessions-cpu": ("sessions_cpu", "SGLang's session radix cache against jenga, on CPU"),
     "e2e-models": ("e2e_models", "every tiny model family served on CPU, stock and jenga"),
     "bench-serving": ("bench_serving_cpu", "SGLang's bench_serving against the tiny model"),
     "demo-serve": ("demo_serve", "the serving half of `make demo`"),

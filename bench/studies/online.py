@@ -9,7 +9,9 @@ chunk), decode greedily (temperature 0) and ask for the usage report, whose
 ``prompt_tokens_details.cached_tokens`` is the prefix the server's cache served.
 
 The user message of a turn is made from the trace ids it adds (bench/traces/turns.py);
-replies are the server's, capped by the trace's output length.
+replies are the server's, capped by the trace's output length. With ``--radix-sessions`` each
+conversation is an SGLang session: opened before its first turn, named in every request,
+closed after its last (SGLang's ``--enable-session-radix-cache`` keeps its history for it).
 
 Bounds: ``--max-requests`` requests in all, nothing new sent after ``--max-seconds``, and no
 request outlives that deadline. Sessions run ``--concurrency`` at a time, each turn after the
@@ -89,12 +91,17 @@ class _Run:
 
 
 async def _stream_chat(
-    session: Any, run: _Run, messages: list[dict[str, str]], result: TurnResult, max_tokens: int
+    session: Any,
+    run: _Run,
+    messages: list[dict[str, str]],
+    result: TurnResult,
+    max_tokens: int,
+    session_id: str | None = None,
 ) -> None:
     """Send one streaming chat request and fill ``result`` from its chunks."""
     import aiohttp
 
-    body = {
+    body: dict[str, Any] = {
         "model": run.model,
         "messages": messages,
         "temperature": 0.0,
@@ -102,6 +109,8 @@ async def _stream_chat(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if session_id is not None:
+        body["session_id"] = session_id
     start = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(0.001, run.deadline - start))
     url = run.config.url.rstrip("/") + "/v1/chat/completions"
@@ -136,7 +145,43 @@ async def _stream_chat(
         raise OnlineError("the stream ended without a usage report")
 
 
+async def _session_call(session: Any, run: _Run, path: str, body: dict[str, Any]) -> None:
+    """POST /open_session or /close_session; OnlineError unless the server says 200."""
+    import aiohttp
+
+    url = run.config.url.rstrip("/") + path
+    timeout = aiohttp.ClientTimeout(total=max(1.0, run.deadline - time.monotonic()))
+    async with session.post(url, json=body, timeout=timeout) as resp:
+        if resp.status != 200:
+            raise OnlineError(f"{path}: HTTP {resp.status}: {(await resp.text())[:200]}")
+
+
 async def _run_session(session: Any, run: _Run, turns: list[Turn]) -> None:
+    """One conversation, as an SGLang session with ``radix_sessions`` (closed however it
+    ends); a failed open is recorded as its first turn's error."""
+    if not run.config.radix_sessions or not turns or not run.has_budget():
+        await _run_turns(session, run, turns, None)
+        return
+    name = f"jenga-bench-{turns[0].session_id}-{id(turns):x}"
+    try:
+        await _session_call(session, run, "/open_session", {"capacity_of_str_len": 1 << 30,
+                                                            "session_id": name})  # fmt: skip
+    except (TimeoutError, OnlineError, OSError) as exc:
+        if run.take():
+            failed = TurnResult(turns[0].session_id, 0, error=f"{type(exc).__name__}: {exc}")
+            run.results.append(failed)
+        return
+    sent = len(run.results)
+    await _run_turns(session, run, turns, name)
+    try:
+        await _session_call(session, run, "/close_session", {"session_id": name})
+    except (TimeoutError, OnlineError, OSError) as exc:
+        mine = [r for r in run.results[sent:] if r.session_id == turns[0].session_id]
+        if mine and mine[-1].error is None:  # a session left open is the last turn's failure
+            mine[-1].error = f"close: {type(exc).__name__}: {exc}"
+
+
+async def _run_turns(session: Any, run: _Run, turns: list[Turn], name: str | None) -> None:
     """Send one session's turns in order, keeping the history; stop at the first failure."""
     messages: list[dict[str, str]] = []
     for index, turn in enumerate(turns):
@@ -149,7 +194,7 @@ async def _run_session(session: Any, run: _Run, turns: list[Turn]) -> None:
         result = TurnResult(turn.session_id, index)
         run.results.append(result)
         try:
-            await _stream_chat(session, run, messages, result, turn.max_tokens)
+            await _stream_chat(session, run, messages, result, turn.max_tokens, name)
         except (TimeoutError, OnlineError, OSError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
             return

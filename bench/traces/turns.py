@@ -78,7 +78,10 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class OnlineConfig:
-    """Client settings; ``model`` None asks the server's /v1/models for the first model."""
+    """Client settings; ``model`` None asks the server's /v1/models for the first model.
+    ``radix_sessions``: each conversation opens an SGLang session (/open_session), names it in
+    every request (``session_id``) and closes it after its last turn, as a client of SGLang's
+    ``--enable-session-radix-cache`` does (a server without the flag serves them as usual)."""
 
     url: str
     max_requests: int = 50
@@ -87,6 +90,7 @@ class OnlineConfig:
     max_user_words: int = 128
     max_output_tokens: int = 32
     model: str | None = None
+    radix_sessions: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_requests", "concurrency", "max_user_words", "max_output_tokens"):

@@ -1,0 +1,118 @@
+"""`make sessions-cpu`: SGLang's session radix cache against our agent path, on CPU.
+
+    python -m jenga_sglang.bench.studies.sessions_cpu [--sessions 8] [--max-requests 40]
+        [--concurrency 4] [--max-total-tokens 4096] [--out out/sessions]
+
+`--enable-jenga` refuses `--enable-session-radix-cache` (docs/sglang.md, "Refused flags"): that
+cache pins each open session's last node in SGLang's own tree, and ours keeps every prompt
+end's state instead (`--jenga-prompt-end`), weighed by the eviction policy. This study measures
+the two on the load the flag is for. Three servers of the tiny NemotronH, one after another,
+get the same agent replay from the same client, every conversation an SGLang session
+(`jenga-bench online --radix-sessions`: opened before its first turn, named in every request,
+closed after its last): stock SGLang, stock with `--enable-session-radix-cache`, and
+`--enable-jenga` (a server without the flag serves session-named requests as any other). All
+three run with the same `--max-total-tokens`, so that the concurrent sessions' histories
+outgrow the KV budget and eviction decides what the next turn finds.
+
+Reported per server: requests and errors, prompt and cached tokens (the usage reports), mean
+TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jenga_sglang.bench.drivers.server import LocalServer, ServerError
+from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds, small_agent_trace
+from jenga_sglang.bench.studies.online import run_online
+from jenga_sglang.bench.traces.turns import OnlineConfig
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "stock": (),
+    "stock-sessions": ("--enable-session-radix-cache",),
+    "jenga": ("--enable-jenga",),
+}
+
+
+def serve_sessions(
+    model: str, flags: Sequence[str], trace: Path, config: OnlineConfig, log: Path
+) -> dict[str, Any]:
+    """One server: the session replay's summary (without per-request records) and rounds."""
+    with LocalServer(model, flags, log=log) as server:
+        summary = run_online(str(trace), dataclasses.replace(config, url=server.url))
+    brief = {k: v for k, v in summary.items() if k not in ("records", "per_turn")}
+    brief["prefill_rounds"] = prefill_rounds(log.read_text(errors="replace"))
+    return brief
+
+
+def run_study(
+    model: str, out: Path, config: OnlineConfig, sessions: int, max_total_tokens: int
+) -> dict[str, Any]:
+    trace = small_agent_trace(out / "traces", sessions)
+    budget = ("--max-total-tokens", str(max_total_tokens))
+    runs = {
+        name: serve_sessions(model, (*budget, *flags), trace, config, out / f"server-{name}.log")
+        for name, flags in VARIANTS.items()
+    }
+    first = runs["stock"]["outputs_sha256"]
+    for run in runs.values():
+        run["same_replies_as_stock"] = run["outputs_sha256"] == first
+    return {
+        "model": model,
+        "trace": str(trace),
+        "max_total_tokens": max_total_tokens,
+        "client": {k: v for k, v in dataclasses.asdict(config).items() if k != "url"},
+        **runs,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sessions-cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="data/tiny-model", help="model directory")
+    parser.add_argument("--out", default="out/sessions", help="logs, trace and summary go here")
+    parser.add_argument("--sessions", type=int, default=8, help="agent sessions in the trace")
+    parser.add_argument("--max-requests", type=int, default=40, help="requests per server")
+    parser.add_argument("--concurrency", type=int, default=4, help="sessions at a time")
+    parser.add_argument("--max-output-tokens", type=int, default=8, help="reply tokens at most")
+    parser.add_argument("--max-user-words", type=int, default=40, help="words per user message")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="replay time budget")
+    parser.add_argument(
+        "--max-total-tokens", type=int, default=4096, help="KV budget of every server, tokens"
+    )
+    args = parser.parse_args(argv)
+    if not (Path(args.model) / "config.json").exists():
+        missing = f"no model at {args.model} (run `make tiny-model`)"
+        print(f"sessions-cpu: error: {missing}", file=sys.stderr)
+        return 2
+    try:
+        config = OnlineConfig(
+            url="http://127.0.0.1",  # replaced by each server's URL
+            max_requests=args.max_requests,
+            max_seconds=args.max_seconds,
+            concurrency=args.concurrency,
+            max_user_words=args.max_user_words,
+            max_output_tokens=args.max_output_tokens,
+            radix_sessions=True,
+        )
+    except ValueError as exc:
+        print(f"sessions-cpu: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        summary = run_study(args.model, out, config, args.sessions, args.max_total_tokens)
+    except ServerError as exc:
+        print(f"sessions-cpu: error: {exc}", file=sys.stderr)
+        return 1
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 1 if any(summary[name]["errors"] for name in VARIANTS) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
