@@ -107,7 +107,8 @@ class StateHandOver:
 
     def free_checkpoints(self, ids: list[int]) -> None:
         if ids:
-            self.checkpoints.free(torch.tensor(ids, dtype=torch.int64))
+            device = self.checkpoints.device
+            self.checkpoints.free(torch.tensor(ids, dtype=torch.int64, device=device))
 
     # ------------------------------------------------------------------ hit
 
