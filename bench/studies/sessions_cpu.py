@@ -6,13 +6,17 @@
 `--enable-jenga` refuses `--enable-session-radix-cache` (docs/sglang.md, "Refused flags"): that
 cache pins each open session's last node in SGLang's own tree, and ours keeps every prompt
 end's state instead (`--jenga-prompt-end`), weighed by the eviction policy. This study measures
-the two on the load the flag is for. Three servers of the tiny NemotronH, one after another,
-get the same agent replay from the same client, every conversation an SGLang session
+the two on the load the flag is for. Four servers of the tiny NemotronH, one after another, get
+the same agent replay from the same client, every conversation an SGLang session
 (`jenga-bench online --radix-sessions`: opened before its first turn, named in every request,
-closed after its last): stock SGLang, stock with `--enable-session-radix-cache`, and
-`--enable-jenga` (a server without the flag serves session-named requests as any other). All
-three run with the same `--max-total-tokens`, so that the concurrent sessions' histories
-outgrow the KV budget and eviction decides what the next turn finds.
+closed after its last): stock SGLang, stock with `--enable-session-radix-cache`,
+`--enable-jenga`, and `--enable-jenga --no-jenga-pool` (our tree on SGLang's own pools, to
+tell the tree's part from the pool's). A server without the session flag serves
+session-named requests as any other. All run with the same `--max-total-tokens`, so that the
+concurrent sessions' histories outgrow SGLang's KV share and eviction decides what the next
+turn finds. The Jenga pool's byte budget is SGLang's static split of the same flags (KV tokens
+plus Mamba states), which it shares between the two: with SGLang's CPU sizing most of those
+bytes are states, so over the pool KV can hold more tokens than `--max-total-tokens`.
 
 Reported per server: requests and errors, prompt and cached tokens (the usage reports), mean
 TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's.
@@ -37,6 +41,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "stock": (),
     "stock-sessions": ("--enable-session-radix-cache",),
     "jenga": ("--enable-jenga",),
+    # our tree on SGLang's own pools: the tree's part of the difference, without the Jenga
+    # pool's (which lends KV the bytes SGLang's static split gives Mamba states)
+    "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),
 }
 
 
@@ -52,17 +59,24 @@ def serve_sessions(
 
 
 def run_study(
-    model: str, out: Path, config: OnlineConfig, sessions: int, max_total_tokens: int
+    model: str,
+    out: Path,
+    config: OnlineConfig,
+    sessions: int,
+    max_total_tokens: int,
+    variants: Sequence[str] = tuple(VARIANTS),
 ) -> dict[str, Any]:
     trace = small_agent_trace(out / "traces", sessions)
     budget = ("--max-total-tokens", str(max_total_tokens))
     runs = {
-        name: serve_sessions(model, (*budget, *flags), trace, config, out / f"server-{name}.log")
-        for name, flags in VARIANTS.items()
+        name: serve_sessions(
+            model, (*budget, *VARIANTS[name]), trace, config, out / f"server-{name}.log"
+        )
+        for name in variants
     }
-    first = runs["stock"]["outputs_sha256"]
+    first = runs[variants[0]]["outputs_sha256"]
     for run in runs.values():
-        run["same_replies_as_stock"] = run["outputs_sha256"] == first
+        run[f"same_replies_as_{variants[0]}"] = run["outputs_sha256"] == first
     return {
         "model": model,
         "trace": str(trace),
@@ -85,7 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--max-total-tokens", type=int, default=4096, help="KV budget of every server, tokens"
     )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"servers, comma-separated, of {', '.join(VARIANTS)} (replies compare to the first)",
+    )
     args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or any(v not in VARIANTS for v in variants):
+        print(f"sessions-cpu: error: --variants of {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
     if not (Path(args.model) / "config.json").exists():
         missing = f"no model at {args.model} (run `make tiny-model`)"
         print(f"sessions-cpu: error: {missing}", file=sys.stderr)
@@ -105,13 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     try:
-        summary = run_study(args.model, out, config, args.sessions, args.max_total_tokens)
+        summary = run_study(args.model, out, config, args.sessions, args.max_total_tokens, variants)
     except ServerError as exc:
         print(f"sessions-cpu: error: {exc}", file=sys.stderr)
         return 1
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
-    return 1 if any(summary[name]["errors"] for name in VARIANTS) else 0
+    return 1 if any(summary[name]["errors"] for name in variants) else 0
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ WITH_JENGA: tuple[Refusal, ...] = (
         "enable_session_radix_cache",
         "--enable-session-radix-cache",
         "SGLang builds session reuse into its UnifiedRadixCache alone; our tree keeps each "
-        "prompt end's state instead (--jenga-prompt-end, on by default)",
+        "prompt end's state instead (--jenga-prompt-end, on by default), measured against it "
+        "by make sessions-cpu",
     ),
     Refusal(
         "enable_unified_cache_external_linker",
