@@ -6,7 +6,7 @@ STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
-	scale-tp scale-dp
+	scale-tp scale-dp scale-dp-full
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -61,12 +61,17 @@ e2e-models: install
 # Scale-out on CPU (docs/sglang.md, "Tensor and data parallelism"; bench/RESULTS.md): the tiny model
 # at --tp-size 2, stock and --enable-jenga, with SGLang's rank-consensus checker on (about 15
 # minutes on 2 cores); and two replicas behind smg, cache-aware routing against round robin,
-# jenga against stock (about 40 minutes; `--workloads system` alone about 12).
+# jenga against stock: `scale-dp` on the shared-system-prompt load, where the routers' views
+# differ (about 12 minutes), `scale-dp-full` on the chat and agent loads as well (about 40).
 scale-tp: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.scale_tp --model data/tiny-model --out out/scale-tp
 
 scale-dp: tiny-model
-	$(PY) -m jenga_sglang.bench.studies.scale_dp --model data/tiny-model --out out/scale-dp
+	$(PY) -m jenga_sglang.bench.studies.scale_dp --model data/tiny-model --workloads system \
+	    --out out/scale-dp
+
+scale-dp-full: tiny-model
+	$(PY) -m jenga_sglang.bench.studies.scale_dp --model data/tiny-model --out out/scale-dp-full
 
 lint: install
 	$(VENV)/bin/ruff check .
