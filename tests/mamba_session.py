@@ -88,9 +88,11 @@ class Session:
         prompt_end: bool = False,
         extra_buffer: bool = False,
         int8_slots: int = 0,
+        radix_sessions: bool = False,
     ) -> None:
         """`int8_slots` > 0: `--enable-int8-mamba-checkpoint`, SGLang's int8 checkpoint pool
-        of that many slots beside the Mamba pool (the tree's states live there)."""
+        of that many slots beside the Mamba pool (the tree's states live there);
+        `radix_sessions`: `--enable-session-radix-cache`."""
         from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
@@ -98,6 +100,7 @@ class Session:
         self.sg = sg
         self.extra_buffer = extra_buffer
         params = _params(True, 1024, extra_buffer=extra_buffer)
+        params.enable_session_radix_cache = radix_sessions
         self.cache_params = params
         self.pool = params.req_to_token_pool
         self.alloc = params.token_to_kv_pool_allocator

@@ -50,13 +50,6 @@ WITH_JENGA: tuple[Refusal, ...] = (
         "connector",
     ),
     Refusal(
-        "enable_session_radix_cache",
-        "--enable-session-radix-cache",
-        "SGLang builds session reuse into its UnifiedRadixCache alone; our tree keeps each "
-        "prompt end's state instead (--jenga-prompt-end, on by default), measured against it "
-        "by make sessions-cpu",
-    ),
-    Refusal(
         "enable_unified_cache_external_linker",
         "--enable-unified-cache-external-linker",
         "the linker attaches external stores to UnifiedRadixCache's components; our cache is "

@@ -52,6 +52,7 @@ from jenga_sglang.binding.cache.namespaces import dfs_weight_order, key_namespac
 from jenga_sglang.binding.cache.plans import Planned, RequestPlans, key_tokens, will_decode
 from jenga_sglang.binding.cache.policy import build_admission, build_eviction, build_tuner
 from jenga_sglang.binding.cache.request_path import RequestPath
+from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.cache.tp_share import share_channel
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
@@ -116,6 +117,12 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             if inpass and self.handover is not None
             else None
         )
+        # --enable-session-radix-cache: an open session keeps its paths locked (sessions.py);
+        # SGLang's cache registry reads the attribute to accept the flag
+        self.enable_session_radix_cache = bool(params.enable_session_radix_cache)
+        self.sessions = (
+            SessionLocks(self.lock, self.unlock) if self.enable_session_radix_cache else None
+        )
         self.prefill_cuts = 0  # chunks cut at a planned position (prefill_cut), cumulative
         self.held_back = 0  # admissions deferred for a shared checkpoint (shared_prefill)
         self.shared_branches = 0  # in-batch branch points added to a plan (shared_prefill)
@@ -173,6 +180,21 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
     def reset(self) -> None:
         if next(self.cache.nodes(), None) is not None:
             raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
+
+    # ------------------------------------------------------------------ radix sessions
+
+    def open_radix_session(self, session_id: str | None) -> int | None:
+        return None if self.sessions is None else self.sessions.open(session_id)
+
+    def ensure_session_generation(self, session_id: str) -> int:
+        return 0 if self.sessions is None else self.sessions.generation(session_id)
+
+    def release_radix_session(self, session_id: str | None) -> int:
+        if self.sessions is None:
+            return 0
+        released = self.sessions.release(session_id)
+        self.sync_metrics()  # the session's paths turned evictable
+        return released
 
     def dfs_weight_order(self, node_handles: Any) -> list[int]:
         """SGLang's `dfs-weight` schedule order, over every namespace (namespaces.py)."""

@@ -16,6 +16,7 @@ from jenga_sglang.binding.cache.captures import PendingCaptures
 from jenga_sglang.binding.cache.mamba_state import Captured, StateHandOver
 from jenga_sglang.binding.cache.namespaces import request_namespace
 from jenga_sglang.binding.cache.plans import Planned, RequestPlans
+from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
 from jenga_sglang.binding.slots.tree import Adopted, SlotTree
 from jenga_sglang.policies.tuning import AlphaTuner
@@ -33,6 +34,7 @@ class RequestPath:
     plans: RequestPlans
     captures: PendingCaptures | None
     handover: StateHandOver | None
+    sessions: SessionLocks | None
     tuner: AlphaTuner | None
     disable: bool
     req_to_token_pool: Any
@@ -115,6 +117,8 @@ class RequestPath:
             self.handover.settle(req, finished, captured, taken=taken)
         self._repoint(req, done)
         if finished:
+            if self.sessions is not None and not _aborted(req):
+                self.sessions.keep(req, done.node)  # its session's next turn finds the path
             self._finished(req, len(tokens), planned, namespace)
         self.sync_metrics()
 
@@ -187,3 +191,9 @@ class RequestPath:
         if not checkpointed and self.handover is not None:
             self.handover.release(req)
         self.sync_metrics()  # the request's lock is gone: its pages turned evictable
+
+
+def _aborted(req: Any) -> bool:
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return isinstance(req.finished_reason, FINISH_ABORT)
