@@ -45,8 +45,9 @@ e2e-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.e2e_cpu --model data/tiny-model --out out/e2e
 
 # SGLang's session radix cache against our agent path: the tiny model serves one agent replay,
-# every conversation an SGLang session, stock, stock --enable-session-radix-cache and
-# --enable-jenga, under one KV budget (bench/RESULTS.md "Serving: sessions"). About 10 minutes.
+# every conversation an SGLang session, stock and --enable-jenga, each without and with
+# --enable-session-radix-cache, and our tree on SGLang's pools, under one KV budget
+# (bench/RESULTS.md "Serving: sessions"). About 15 minutes.
 sessions-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.sessions_cpu --model data/tiny-model --out out/sessions
 

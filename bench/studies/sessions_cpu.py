@@ -3,20 +3,20 @@
     python -m jenga_sglang.bench.studies.sessions_cpu [--sessions 8] [--max-requests 40]
         [--concurrency 4] [--max-total-tokens 4096] [--out out/sessions]
 
-`--enable-jenga` refuses `--enable-session-radix-cache` (docs/sglang.md, "Refused flags"): that
-cache pins each open session's last node in SGLang's own tree, and ours keeps every prompt
-end's state instead (`--jenga-prompt-end`), weighed by the eviction policy. This study measures
-the two on the load the flag is for. Four servers of the tiny NemotronH, one after another, get
-the same agent replay from the same client, every conversation an SGLang session
-(`jenga-bench online --radix-sessions`: opened before its first turn, named in every request,
-closed after its last): stock SGLang, stock with `--enable-session-radix-cache`,
-`--enable-jenga`, and `--enable-jenga --no-jenga-pool` (our tree on SGLang's own pools, to
-tell the tree's part from the pool's). A server without the session flag serves
-session-named requests as any other. All run with the same `--max-total-tokens`, so that the
-concurrent sessions' histories outgrow SGLang's KV share and eviction decides what the next
-turn finds. The Jenga pool's byte budget is SGLang's static split of the same flags (KV tokens
-plus Mamba states), which it shares between the two: with SGLang's CPU sizing most of those
-bytes are states, so over the pool KV can hold more tokens than `--max-total-tokens`.
+SGLang's session radix cache pins each open session's last paths in the tree until the session
+closes; our tree keeps every prompt end's state anyway (`--jenga-prompt-end`), weighed by the
+eviction policy, and serves the flag too (binding/cache/sessions.py: the same pins in our tree).
+This study measures them on the load the flag is for. Five servers of the tiny NemotronH, one
+after another, get the same agent replay from the same client, every conversation an SGLang
+session (`jenga-bench online --radix-sessions`: opened before its first turn, named in every
+request, closed after its last): stock SGLang, stock with `--enable-session-radix-cache`,
+`--enable-jenga` without and with it, and `--enable-jenga --no-jenga-pool` (our tree on
+SGLang's own pools, to tell the tree's part from the pool's). A server without the session flag
+serves session-named requests as any other. All run with the same `--max-total-tokens`, so
+that the concurrent sessions' histories outgrow SGLang's KV share and eviction decides what
+the next turn finds. The Jenga pool's byte budget is SGLang's static split of the same flags
+(KV tokens plus Mamba states), which it shares between the two: with SGLang's CPU sizing most
+of those bytes are states, so over the pool KV can hold more tokens than `--max-total-tokens`.
 
 Reported per server: requests and errors, prompt and cached tokens (the usage reports), mean
 TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's.
@@ -41,6 +41,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "stock": (),
     "stock-sessions": ("--enable-session-radix-cache",),
     "jenga": ("--enable-jenga",),
+    "jenga-sessions": ("--enable-jenga", "--enable-session-radix-cache"),
     # our tree on SGLang's own pools: the tree's part of the difference, without the Jenga
     # pool's (which lends KV the bytes SGLang's static split gives Mamba states)
     "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),
