@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 EvictStates = Callable[[int], None]
-FreeCheckpoints = Callable[[list[int]], None]
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,11 @@ SGLang calls `checkpoint` after a prefill chunk and when a request finishes, and
 when it leaves. A checkpoint inserts the request's KV up to where it computed, with the states
 our admission planned (captured in-pass, binding/cache/captures.py, or handed over from the
 request's own slot, binding/cache/mamba_state.py), points the request's row at the tree's
-slots and moves its lock to the node its insert ended at. `JengaRadixCache` (backend.py) takes
-these methods from here, so that module keeps the rest of the `BasePrefixCache` contract.
+slots and moves its lock to the node its insert ended at. With int8 checkpoints the tree gets
+quantized copies of those states (mamba_state.py `quantize`), and a finished request of an open
+radix session leaves its path locked for the session (sessions.py). `JengaRadixCache`
+(backend.py) takes these methods from here, so that module keeps the rest of the
+`BasePrefixCache` contract.
 """
 
 from __future__ import annotations
@@ -97,24 +100,20 @@ class RequestPath:
         # long prompt's cached prefix is never copied (1 ms a checkpoint at 128k tokens).
         own = req.kv.cache_protected_len  # the row's slots before it are the tree's
         start = self._walk_start(req, whole)
-        int8 = self.handover is not None and self.handover.checkpoints is not None
-        if int8:  # the tree holds quantized copies; the live slots stay with their owners
-            assert self.handover is not None
-            states = self.handover.quantize(self._new_positions(states, tokens, start, namespace))
+        int8 = self.handover if self.handover and self.handover.checkpoints is not None else None
+        if int8 is not None:  # the tree gets quantized copies; live slots stay with their owners
+            states = int8.quantize(self._new_positions(states, tokens, start, namespace))
             self.slots.free_states(list(inpass.values()))
         done = self._adopt(tokens, row[:whole], states, start, own, namespace)
         refused = done.refused
-        if int8:
-            assert self.handover is not None
-            self.handover.free_checkpoints(list(refused.values()))
+        if int8 is not None:
+            int8.free_checkpoints(list(refused.values()))
         else:
             lost = [slot for p, slot in refused.items() if inpass.get(p) == slot]
             self.slots.free_states(lost)  # the tree had a checkpoint there already
         if self.handover is not None:
-            taken = (
-                not int8 and offered is not None and offered not in refused.keys() | inpass.keys()
-            )
-            self.handover.settle(req, finished, captured, taken=taken)
+            kept = offered is not None and offered not in refused.keys() | inpass.keys()
+            self.handover.settle(req, finished, captured, taken=int8 is None and kept)
         self._repoint(req, done)
         if finished:
             if self.sessions is not None and not _aborted(req):
