@@ -45,7 +45,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # our tree on SGLang's own pools: the tree's part of the difference, without the Jenga
     # pool's (which lends KV the bytes SGLang's static split gives Mamba states)
     "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),
+    # not in the default set: the same on LRU eviction (bench/RESULTS.md "Serving: sessions")
+    "jenga-no-pool-lru": ("--enable-jenga", "--no-jenga-pool", "--jenga-eviction", "lru"),
 }
+DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 
 
 def serve_sessions(
@@ -65,7 +68,7 @@ def run_study(
     config: OnlineConfig,
     sessions: int,
     max_total_tokens: int,
-    variants: Sequence[str] = tuple(VARIANTS),
+    variants: Sequence[str] = DEFAULT_VARIANTS,
 ) -> dict[str, Any]:
     trace = small_agent_trace(out / "traces", sessions)
     budget = ("--max-total-tokens", str(max_total_tokens))
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variants",
-        default=",".join(VARIANTS),
+        default=",".join(DEFAULT_VARIANTS),
         help=f"servers, comma-separated, of {', '.join(VARIANTS)} (replies compare to the first)",
     )
     args = parser.parse_args(argv)
