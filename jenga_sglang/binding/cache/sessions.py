@@ -79,7 +79,7 @@ class SessionLocks:
         held = self._held.setdefault(session_id, [])
         if any(n is node for n, _ in held):
             return
-        ancestors = _path(node)
+        ancestors = {id(n) for n in node.path_from_root()}
         for covered in [h for h in held if id(h[0]) in ancestors]:
             held.remove(covered)
             self._unlock(covered[1])  # the new lock covers its path
@@ -88,13 +88,3 @@ class SessionLocks:
     def locks(self) -> int:
         """Locks held for every open session."""
         return sum(len(v) for v in self._held.values())
-
-
-def _path(node: Node) -> set[int]:
-    """Ids of the nodes from `node` up to the root (its own included)."""
-    out: set[int] = set()
-    current: Node | None = node
-    while current is not None:
-        out.add(id(current))
-        current = current.parent
-    return out
