@@ -39,19 +39,27 @@ class Reply(NamedTuple):
     output: list[int]
 
 
-def generate(url: str, ids: list[int], salt: str | None) -> Reply:
-    """Cached tokens and output ids of a greedy 4-token /generate request under `salt`."""
+def post(url: str, path: str, body: dict[str, Any]) -> Any:
+    """POST `body` as JSON to the server's `path`; its JSON reply (None when empty)."""
+    request = urllib.request.Request(
+        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=240) as reply:
+        text = reply.read()
+    return json.loads(text) if text else None
+
+
+def generate(url: str, ids: list[int], salt: str | None, **fields: Any) -> Reply:
+    """Cached tokens and output ids of a greedy 4-token /generate request under `salt`
+    (`fields`: more of the request's fields, e.g. `session_id`)."""
     body: dict[str, Any] = {
         "input_ids": ids,
         "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        **fields,
     }
     if salt is not None:
         body["cache_salt"] = salt
-    request = urllib.request.Request(
-        url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=240) as reply:
-        answer = json.loads(reply.read())
+    answer = post(url, "/generate", body)
     return Reply(int(answer["meta_info"]["cached_tokens"]), [int(t) for t in answer["output_ids"]])
 
 
