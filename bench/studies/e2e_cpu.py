@@ -173,16 +173,62 @@ def run_e2e(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="e2e-cpu", description=__doc__.splitlines()[0])
+def add_replay_args(
+    parser: argparse.ArgumentParser,
+    *,
+    out: str,
+    sessions: int,
+    max_requests: int,
+    concurrency: int,
+    max_seconds: float,
+) -> None:
+    """The flags of a study that serves the tiny model and replays agent sessions: the model,
+    the output folder, the trace's sessions and the replay client's bounds (`replay_setup`)."""
     parser.add_argument("--model", default="data/tiny-model", help="model directory")
-    parser.add_argument("--out", default="out/e2e", help="logs, trace and summary go here")
-    parser.add_argument("--sessions", type=int, default=2, help="agent sessions to build")
-    parser.add_argument("--max-requests", type=int, default=8, help="chat requests per server")
-    parser.add_argument("--concurrency", type=int, default=2, help="sessions at a time")
+    parser.add_argument("--out", default=out, help="logs, trace and summary go here")
+    parser.add_argument("--sessions", type=int, default=sessions, help="agent sessions to build")
+    parser.add_argument(
+        "--max-requests", type=int, default=max_requests, help="replayed requests per server"
+    )
+    parser.add_argument("--concurrency", type=int, default=concurrency, help="sessions at a time")
     parser.add_argument("--max-output-tokens", type=int, default=8, help="reply tokens at most")
     parser.add_argument("--max-user-words", type=int, default=40, help="words per user message")
-    parser.add_argument("--max-seconds", type=float, default=400.0, help="replay time budget")
+    parser.add_argument("--max-seconds", type=float, default=max_seconds, help="replay time budget")
+
+
+def replay_setup(
+    prog: str, args: argparse.Namespace, known: Sequence[str], **client: Any
+) -> tuple[list[str], OnlineConfig] | None:
+    """The `--variants` asked for (of `known`) and the replay client's settings (`client`: more
+    `OnlineConfig` fields); None, with the reason on stderr, when the model is missing or a
+    setting is bad."""
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in known]
+    try:
+        if not (Path(args.model) / "config.json").exists():
+            raise ValueError(f"no model at {args.model} (run `make tiny-model`)")
+        if unknown or not variants:
+            raise ValueError(f"unknown variants {unknown}; pick of {', '.join(known)}")
+        config = OnlineConfig(
+            url="http://127.0.0.1",  # replaced by each server's URL
+            max_requests=args.max_requests,
+            max_seconds=args.max_seconds,
+            concurrency=args.concurrency,
+            max_user_words=args.max_user_words,
+            max_output_tokens=args.max_output_tokens,
+            **client,
+        )
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return None
+    return variants, config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="e2e-cpu", description=__doc__.splitlines()[0])
+    add_replay_args(
+        parser, out="out/e2e", sessions=2, max_requests=8, concurrency=2, max_seconds=400.0
+    )
     parser.add_argument(
         "--strategy",
         choices=sorted(STRATEGIES),
@@ -201,23 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--server-flags=--enable-int8-mamba-checkpoint",
     )
     args = parser.parse_args(argv)
-    if not (Path(args.model) / "config.json").exists():
-        print(f"e2e-cpu: error: no model at {args.model} (run `make tiny-model`)", file=sys.stderr)
+    setup = replay_setup("e2e-cpu", args, tuple(VARIANTS))
+    if setup is None:
         return 2
-    config = OnlineConfig(
-        url="http://127.0.0.1",  # replaced by each server's URL
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        concurrency=args.concurrency,
-        max_user_words=args.max_user_words,
-        max_output_tokens=args.max_output_tokens,
-    )
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        known = ", ".join(VARIANTS)
-        print(f"e2e-cpu: error: unknown variants {unknown}; pick of {known}", file=sys.stderr)
-        return 2
+    variants, config = setup
     out = Path(args.out)
     try:
         flags = shlex.split(args.server_flags)

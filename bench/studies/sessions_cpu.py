@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from jenga_sglang.bench.drivers.server import LocalServer, ServerError
-from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds, small_agent_trace
+from jenga_sglang.bench.studies.e2e_cpu import (
+    add_replay_args,
+    prefill_rounds,
+    replay_setup,
+    small_agent_trace,
+)
 from jenga_sglang.bench.studies.online import run_online
 from jenga_sglang.bench.traces.turns import OnlineConfig
 
@@ -92,14 +97,9 @@ def run_study(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sessions-cpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="data/tiny-model", help="model directory")
-    parser.add_argument("--out", default="out/sessions", help="logs, trace and summary go here")
-    parser.add_argument("--sessions", type=int, default=8, help="agent sessions in the trace")
-    parser.add_argument("--max-requests", type=int, default=40, help="requests per server")
-    parser.add_argument("--concurrency", type=int, default=4, help="sessions at a time")
-    parser.add_argument("--max-output-tokens", type=int, default=8, help="reply tokens at most")
-    parser.add_argument("--max-user-words", type=int, default=40, help="words per user message")
-    parser.add_argument("--max-seconds", type=float, default=600.0, help="replay time budget")
+    add_replay_args(
+        parser, out="out/sessions", sessions=8, max_requests=40, concurrency=4, max_seconds=600.0
+    )
     parser.add_argument(
         "--max-total-tokens", type=int, default=4096, help="KV budget of every server, tokens"
     )
@@ -109,27 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"servers, comma-separated, of {', '.join(VARIANTS)} (replies compare to the first)",
     )
     args = parser.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    if not variants or any(v not in VARIANTS for v in variants):
-        print(f"sessions-cpu: error: --variants of {', '.join(VARIANTS)}", file=sys.stderr)
+    setup = replay_setup("sessions-cpu", args, tuple(VARIANTS), radix_sessions=True)
+    if setup is None:
         return 2
-    if not (Path(args.model) / "config.json").exists():
-        missing = f"no model at {args.model} (run `make tiny-model`)"
-        print(f"sessions-cpu: error: {missing}", file=sys.stderr)
-        return 2
-    try:
-        config = OnlineConfig(
-            url="http://127.0.0.1",  # replaced by each server's URL
-            max_requests=args.max_requests,
-            max_seconds=args.max_seconds,
-            concurrency=args.concurrency,
-            max_user_words=args.max_user_words,
-            max_output_tokens=args.max_output_tokens,
-            radix_sessions=True,
-        )
-    except ValueError as exc:
-        print(f"sessions-cpu: error: {exc}", file=sys.stderr)
-        return 2
+    variants, config = setup
     out = Path(args.out)
     try:
         summary = run_study(args.model, out, config, args.sessions, args.max_total_tokens, variants)
