@@ -28,6 +28,14 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
     )
 
 
+def check_state_blocks(name: str, t: torch.Tensor) -> None:
+    """Each (n, heads, rows, cols) entry's (rows, cols) block must be contiguous (any slot and
+    head strides, as a pool view has): the capture kernels compile the tile offsets in."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    ok = (t.stride(-1) == 1 or cols == 1) and (t.stride(-2) == cols or rows == 1)
+    require(ok, f"{name}: each head's ({rows}, {cols}) state must be contiguous: {t.stride()}")
+
+
 def check_float(name: str, t: torch.Tensor) -> None:
     """``t`` must be a floating-point tensor (fp32, fp16 or bf16)."""
     import torch

@@ -18,11 +18,12 @@ fp32; float32 operands go through the tensor cores as ``tf32x3`` by default (thr
 close to fp32: the scan's own float32 dots use plain TF32), bf16/fp16 inputs are widened to
 float32 first so only the inputs' own rounding remains.
 
-The tile is autotuned per (head dim, state size) on the first launch, among the three fastest of
-a 48-config sweep on an H100 at Nemotron-H-8B's shapes (scripts/capture_tiles.py,
-bench/RESULTS.md): 16 tokens per step in every one, the loop being latency-bound; the 32-row
-tile takes ``mma.sync`` rather than ``wgmma`` on sm_90 and is still among the fastest. Re-running
-a launch rewrites the same values, so the tuner's trial runs on the live pool are harmless.
+The tile is autotuned per (head dim, state size) on the first launch, among the three of least
+geometric-mean time over three packings in a 24-config sweep on an H100 at Nemotron-H-8B's
+shapes (scripts/capture_tiles.py, bench/RESULTS.md): 16 tokens per step, the loop being
+latency-bound, so programs in flight count most; the fastest caps registers at 128 (four
+programs per SM) and takes ``mma.sync`` (32 rows, below ``wgmma``'s 64). Re-running a launch
+rewrites the same values, so the tuner's trial runs on the live pool are harmless.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jenga_sglang.kernels.checks import (
     check_range,
     check_same_device,
     check_shape,
+    check_state_blocks,
     check_unique,
     index_list,
     require,
@@ -53,10 +55,11 @@ PRECISIONS = ("tf32x3", "tf32", "ieee")
 
 
 TILES = [
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 16}, num_warps=4, num_stages=2,
+                  maxnreg=128),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 16}, num_warps=4, num_stages=2),
-]
+]  # fmt: skip
 
 
 @triton.autotune(configs=TILES, key=["headdim", "dstate"])  # type: ignore[untyped-decorator]
@@ -76,16 +79,10 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     cs,
     s_cs_c,
     s_cs_h,
-    s_cs_p,
-    s_cs_n,
     s_rs_r,
     s_rs_h,
-    s_rs_p,
-    s_rs_n,
     s_o_slot,
     s_o_h,
-    s_o_p,
-    s_o_n,
     s_x_t,
     s_x_h,
     s_x_p,
@@ -99,8 +96,8 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     s_cum_c,
     s_cum_l,
     chunk,
-    headdim,
-    dstate,
+    headdim: tl.constexpr,
+    dstate: tl.constexpr,
     heads_per_group,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -131,15 +128,17 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     # loads), so its read is in flight while the tokens stream in.
     k_src = tl.load(chunk_src + cap).to(tl.int64)
     r_src = tl.load(row_src + cap).to(tl.int64)
-    h_tile = offs_m[:, None] * s_cs_p + offs_n[None, :] * s_cs_n
+    # A head's state is one contiguous (headdim, dstate) block in every state tensor (the
+    # launcher checks it): tile offsets are compile-time constants, which keeps the address
+    # registers down (172 -> 138 per thread on sm_90, one more program per SM).
+    s_tile = offs_m[:, None] * dstate + offs_n[None, :]
     h0 = tl.load(
-        chunk_states + tl.maximum(k_src, 0) * s_cs_c + head * s_cs_h + h_tile,
+        chunk_states + tl.maximum(k_src, 0) * s_cs_c + head * s_cs_h + s_tile,
         mask=tile & (k_src >= 0),
         other=0.0,
     ).to(tl.float32)
-    r_tile = offs_m[:, None] * s_rs_p + offs_n[None, :] * s_rs_n
     h0 += tl.load(
-        row_states + tl.maximum(r_src, 0) * s_rs_r + head * s_rs_h + r_tile,
+        row_states + tl.maximum(r_src, 0) * s_rs_r + head * s_rs_h + s_tile,
         mask=tile & (r_src >= 0),
         other=0.0,
     ).to(tl.float32)
@@ -160,8 +159,7 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
         acc += tl.dot(xv, bv * w[:, None], input_precision=PRECISION)
 
     dst = tl.load(dst_idx + cap).to(tl.int64)
-    o_tile = offs_m[:, None] * s_o_p + offs_n[None, :] * s_o_n
-    tl.store(out + dst * s_o_slot + head * s_o_h + o_tile, acc.to(out.dtype.element_ty), mask=tile)
+    tl.store(out + dst * s_o_slot + head * s_o_h + s_tile, acc.to(out.dtype.element_ty), mask=tile)
 
 
 @dataclass(frozen=True)
@@ -236,6 +234,7 @@ def _check_tensors(
         if name in ("chunk_states", "row_states", "out"):
             require(s.dim() == 4, f"{name}: expected (n, nheads, headdim, dstate)")
             check_shape(name, s[0:0], (0, nheads, headdim, dstate))
+            check_state_blocks(name, s)
         check_float(name, s)
     check_same_device(tensors)
 
@@ -258,8 +257,9 @@ def capture_ssd_states(
     Shapes (``T`` packed tokens, ``H`` heads, ``P`` head dim, ``N`` d_state, ``G`` groups,
     ``C`` chunks of ``L`` tokens, as the scan made them): ``chunk_states`` (C, H, P, N), the
     state entering each chunk; ``row_states`` (rows, H, P, N) or None; ``out`` (slots, H, P, N),
-    any strides (a pool view); ``x`` (T, H, P); ``b`` (T, G, N); ``dt`` and ``cs`` (H, C, L):
-    the scan's processed step sizes and their per-chunk inclusive cumsum times ``A``. Raises
+    a pool view (any slot and head strides; each head's (P, N) block contiguous, in all
+    three); ``x`` (T, H, P); ``b`` (T, G, N); ``dt`` and ``cs`` (H, C, L): the scan's
+    processed step sizes and their per-chunk inclusive cumsum times ``A``. Raises
     ``ValueError`` before launching on any inconsistency; ``checked=True``: the caller
     validated the index values with ``check_ssd_captures`` (shapes are still checked).
     """
@@ -289,7 +289,7 @@ def capture_ssd_states(
         chunk_states, rows_t, out,
         caps.chunk_src, caps.row_src, caps.dst, caps.start, caps.count,
         x, b, dt, cs,
-        *chunk_states.stride(), *rows_t.stride(), *out.stride(),
+        *chunk_states.stride()[:2], *rows_t.stride()[:2], *out.stride()[:2],
         *x.stride(), *b.stride(), *dt.stride(), *cs.stride(),
         chunk, headdim, dstate, nheads // b.shape[1], PRECISION=precision,
     )  # fmt: skip

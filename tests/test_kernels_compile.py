@@ -66,7 +66,8 @@ def _ssd(arch: int, act: str, precision: str) -> set[str]:
     pointers = {n: f"*{act}" for n in ("x", "b")}
     pointers |= {n: "*fp32" for n in ("chunk_states", "row_states", "out", "dt", "cs")}
     pointers |= {n: "*i64" for n in ("chunk_src", "row_src", "dst_idx", "tok_start", "n_tok")}
-    return _tuned(_ssd_capture_kernel, pointers, {"PRECISION": precision}, arch)
+    shapes = {"headdim": 64, "dstate": 128}  # Nemotron-H-8B's
+    return _tuned(_ssd_capture_kernel, pointers, {"PRECISION": precision, **shapes}, arch)
 
 
 def _gdn(arch: int) -> set[str]:
@@ -75,7 +76,8 @@ def _gdn(arch: int) -> set[str]:
     pointers = {n: "*bf16" for n in ("k", "v_new", "h")}
     pointers |= {"g": "*fp32", "out": "*fp32"}
     pointers |= {n: "*i64" for n in ("src_idx", "dst_idx", "tok_start", "n_tok")}
-    return _tuned(_gdn_capture_kernel, pointers, {"PRECISION": "tf32x3"}, arch)
+    shapes = {"vdim": 128, "kdim": 128}  # Qwen3-Next's
+    return _tuned(_gdn_capture_kernel, pointers, {"PRECISION": "tf32x3", **shapes}, arch)
 
 
 def _others(arch: int) -> set[str]:

@@ -199,6 +199,9 @@ def test_bad_arguments_raise_before_launching() -> None:
         capture_gdn_states(h, out, k, v_new, g[:, :1], caps())
     with pytest.raises(ValueError, match="out shares storage with h"):
         capture_gdn_states(h, h, k, v_new, g, caps(dst=[0]))
+    with pytest.raises(ValueError, match=r"out: each head's .* state must be contiguous"):
+        transposed = torch.zeros(2, HV, K, V).transpose(2, 3)  # right shape, wrong block layout
+        capture_gdn_states(h, transposed, k, v_new, g, caps())
 
 
 def test_chunk_length_is_sglangs() -> None:

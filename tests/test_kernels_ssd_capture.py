@@ -224,3 +224,6 @@ def test_bad_arguments_raise_before_launching() -> None:
         run(caps(), precision="bf16")
     with pytest.raises(ValueError, match="dA_cumsum"):
         capture_ssd_states(states, None, out, batch.x, batch.b, dt, cumsum[:, :1], caps())
+    with pytest.raises(ValueError, match=r"out: each head's \(\d+, \d+\) state must be contiguous"):
+        transposed = torch.zeros(2, H, N, P).transpose(2, 3)  # right shape, wrong block layout
+        capture_ssd_states(states, None, transposed, batch.x, batch.b, dt, cumsum, caps())
