@@ -4,10 +4,11 @@ kernels/ssd_capture.py and kernels/gdn_capture.py autotune among two tiles each.
 every configuration of a wider grid (tile sizes, warps, pipeline stages) and each dot precision
 at kernel_bench's packings, one configuration at a time, so a change of TILES or of the default
 precision rests on measurements. One JSON object per (kind, packing, config) on stdout, the best
-per packing on stderr.
+per packing on stderr; ``--out FILE`` writes the three configs of least geometric-mean time over
+the packings, per kind, which ``kernel_bench --tiles FILE`` then times.
 
     scripts/sglang-gpu-ops.sh .gpu                                  # where SGLang is installed
-    PYTHONPATH=.:.gpu python scripts/capture_tiles.py [--kinds mamba2,gdn]   # on the GPU
+    PYTHONPATH=.:.gpu python scripts/capture_tiles.py [--kinds mamba2,gdn] [--out tiles.json]
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,12 +37,14 @@ TILE_NAMES = {"mamba2": ("BLOCK_M", "BLOCK_N", "BLOCK_K"), "gdn": ("BLOCK_V", "B
 
 
 def grid(names: tuple[str, str, str]) -> Iterator[triton.Config]:
-    """(rows, cols, tokens) tiles x warps x stages; the default tiles are among them."""
+    """(rows, cols) tiles x warps x stages at 16 tokens per step (32 and 64 lost everywhere in
+    the first sweep), the 4-warp ones also capped at 128 registers (4 programs per SM)."""
     rows, cols, toks = names
-    for m, n, k, warps, stages in itertools.product(
-        (32, 64), (64, 128), (16, 32, 64), (4, 8), (2, 3)
-    ):
-        yield triton.Config({rows: m, cols: n, toks: k}, num_warps=warps, num_stages=stages)
+    for m, n, warps, stages in itertools.product((32, 64), (64, 128), (4, 8), (2, 3)):
+        tile = {rows: m, cols: n, toks: 16}
+        yield triton.Config(tile, num_warps=warps, num_stages=stages)
+        if warps == 4:
+            yield triton.Config(tile, num_warps=warps, num_stages=stages, maxnreg=128)
 
 
 def sweep(
@@ -55,7 +60,11 @@ def sweep(
         ("BLOCK_M", "BLOCK_N", "BLOCK_K") if kind == "mamba2" else ("BLOCK_V", "BLOCK_K", "BLOCK_T")
     )
     timed: list[tuple[float, triton.Config]] = []
+    seen: set[str] = set()
     for cfg in [*tiles, *grid(names)]:
+        if str(cfg) in seen:
+            continue
+        seen.add(str(cfg))
         kernel.configs = [cfg]
         try:
             ms = float(do_bench(launch, warmup=10, rep=50, return_mode="median"))
@@ -63,7 +72,7 @@ def sweep(
             yield {**head, "config": str(cfg), "error": f"{type(exc).__name__}"}
             continue
         timed.append((ms, cfg))
-        yield {**head, "config": str(cfg), "default": cfg in tiles, "ms": ms}
+        yield {**head, "config": str(cfg), "default": cfg in tiles, "ms": ms, "_config": cfg}
     best = min(timed, key=lambda t: t[0])[1]
     kernel.configs = [best]
     defaults = launcher.__kwdefaults__
@@ -97,23 +106,46 @@ def gdn(rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--kinds", default="mamba2,gdn")
-    kinds = parser.parse_args().kinds.split(",")
+    parser.add_argument("--out", type=Path, help="write each kind's three best configs here")
+    args = parser.parse_args()
+    kinds = args.kinds.split(",")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     best: dict[tuple[str, str], dict[str, Any]] = {}
+    times: dict[str, dict[str, list[float]]] = {}  # kind -> config -> ms per packing
+    configs: dict[str, triton.Config] = {}
     for kind, make in (("mamba2", mamba2), ("gdn", gdn)):
         if kind not in kinds:
             continue
         for packing in PACKINGS:
             for row in make(*packing):
+                config = row.pop("_config", None)
                 print(json.dumps(row), flush=True)
                 key = (kind, row["packing"])
                 if "ms" in row and (key not in best or row["ms"] < best[key]["ms"]):
                     best[key] = row
+                if config is not None:
+                    times.setdefault(kind, {}).setdefault(row["config"], []).append(row["ms"])
+                    configs[row["config"]] = config
             kb._release_memory()
     for row in best.values():
         print(json.dumps(row), file=sys.stderr)
+    if args.out is not None:
+        args.out.write_text(json.dumps(top3(times, configs, len(PACKINGS)), indent=1))
     return 0
+
+
+def top3(
+    times: dict[str, dict[str, list[float]]], configs: dict[str, triton.Config], packings: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per kind, the three configs of least geometric-mean time over the packings (only configs
+    that ran at every packing)."""
+    chosen = {}
+    for kind, by_cfg in times.items():
+        full = {c: ms for c, ms in by_cfg.items() if len(ms) == packings}
+        ranked = sorted(full, key=lambda c: math.fsum(math.log(m) for m in full[c]))
+        chosen[kind] = [kb.tile_record(configs[c]) for c in ranked[:3]]
+    return chosen
 
 
 if __name__ == "__main__":

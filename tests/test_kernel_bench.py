@@ -21,9 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.exactness, pytest.mark.sglang]
 
 
-def test_smoke_measures_every_kind_and_the_routes_agree() -> None:
+MAMBA2_TILE = {"kwargs": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 16}, "num_warps": 4,
+               "num_stages": 2, "maxnreg": 128}  # fmt: skip
+GDN_TILES = [
+    {"kwargs": {"BLOCK_V": 32, "BLOCK_K": 64, "BLOCK_T": 16}, "num_warps": 4, "num_stages": s,
+     "maxnreg": None}
+    for s in (2, 3)
+]  # fmt: skip
+
+
+def test_smoke_measures_every_kind_and_the_routes_agree(tmp_path: Path) -> None:
+    tiles = tmp_path / "tiles.json"  # a sweep's choice (scripts/capture_tiles.py --out)
+    tiles.write_text(json.dumps({"mamba2": [MAMBA2_TILE], "gdn": GDN_TILES}))
+    command = [sys.executable, "-m", "jenga_sglang.bench.studies.kernel_bench", "--smoke"]
     done = subprocess.run(
-        [sys.executable, "-m", "jenga_sglang.bench.studies.kernel_bench", "--smoke"],
+        [*command, "--tiles", str(tiles)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -44,13 +56,54 @@ def test_smoke_measures_every_kind_and_the_routes_agree() -> None:
     ):
         assert all(row[k] > 0 for k in keys), row
     assert m2["capture_ms"] == pytest.approx(m2["ssd_capture_ms"] + m2["conv_gather_ms"])
+    for row in (m2, gdn):  # timed behind the layer: a difference of two timings, any sign on CPU
+        assert row["in_layer_share"] == pytest.approx(row["in_layer_ms"] / row["layer_forward_ms"])
+    # the autotuner ran on the given tiles only
+    assert "BLOCK_M: 32, BLOCK_N: 64" in m2["tile"] and "maxnreg: 128" in m2["tile"]
+    assert "BLOCK_V: 32, BLOCK_K: 64" in gdn["tile"]
     assert by["mamba2-track"]["captures"] == by["mamba2-track"]["rows"] == 4  # one per row
     for kind, routes in (
-        ("mamba2-exact", ("ours_err", "sglang_track_err", "sglang_prefix_err")),
-        ("gdn-exact", ("ours_err", "sglang_prefix_err")),
+        ("mamba2-exact", ("ours_err", "ours_tf32_err", "sglang_track_err", "sglang_prefix_err")),
+        ("gdn-exact", ("ours_err", "ours_tf32_err", "sglang_prefix_err")),
     ):
         row = by[kind]
         assert row["dtype"] == "float32" and row["state_absmax"] > 0.5
         for route in routes:
             assert row[route] <= 1e-5 * max(1.0, row["state_absmax"]), (kind, route, row)
     assert "| packing |" in done.stderr  # the table
+
+
+def test_a_tiles_file_without_both_kinds_is_refused(tmp_path: Path) -> None:
+    from jenga_sglang.bench.studies.kernel_bench import use_tiles
+
+    bad = tmp_path / "tiles.json"
+    bad.write_text(json.dumps({"mamba2": []}))
+    with pytest.raises(ValueError, match="non-empty lists"):
+        use_tiles(bad)
+
+
+def test_the_sweep_keeps_the_three_of_least_geometric_mean() -> None:
+    """scripts/capture_tiles.py ranks configs by geometric mean over the packings and drops any
+    that did not run at every packing (out of resources at one, say)."""
+    import importlib.util
+
+    import triton
+
+    spec = importlib.util.spec_from_file_location(
+        "capture_tiles", ROOT / "scripts/capture_tiles.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiles)
+    configs = {f"c{i}": triton.Config({"BLOCK_M": 16 * (i + 1)}, num_warps=4) for i in range(5)}
+    times = {"mamba2": {
+        "c0": [1.0, 1.0, 1.0],   # geometric mean 1
+        "c1": [0.1, 4.0, 4.0],   # 1.17: a lower sum than c2 but a higher geometric mean than c0
+        "c2": [2.0, 2.0, 0.1],   # 0.74: best
+        "c3": [0.01, 0.01],      # missed a packing: dropped
+        "c4": [3.0, 3.0, 3.0],   # fourth
+    }}  # fmt: skip
+    chosen = tiles.top3(times, configs, 3)["mamba2"]
+    assert [c["kwargs"]["BLOCK_M"] for c in chosen] == [48, 16, 32]
+    assert chosen[0] == {"kwargs": {"BLOCK_M": 48}, "num_warps": 4, "num_stages": 3,
+                         "maxnreg": None}  # fmt: skip

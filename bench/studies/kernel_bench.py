@@ -13,7 +13,8 @@ Measurements, one JSON object per line on stdout (`bench` names the kind), a tab
 on stderr:
 
 * `mamba2` / `gdn`: per packing (rows x tokens, captures), the layer's prefill forward, our
-  capture, its share of the forward, and per capture;
+  capture, its share of the forward, per capture, and `in_layer_ms` (the layer followed by our
+  launches, minus the layer alone: timed as SGLang's in-scan tracking is);
 * `mamba2-track` / `gdn-route`: one capture per row, SGLang's route beside ours;
 * `mamba2-exact` / `gdn-exact`: max abs error against a float64 truth of ours, SGLang's route
   and SGLang's prefill of the prefix alone, for fp32 and bf16 activations (GDN: bf16 only on a
@@ -25,9 +26,10 @@ the checkout first (docs/kernels.md, "Running the benchmark on a GPU"):
     scripts/sglang-gpu-ops.sh .gpu          # where SGLang is installed
     PYTHONPATH=.:.gpu python -m jenga_sglang.bench.studies.kernel_bench   # on the GPU machine
 
-`--smoke` runs tiny shapes on CPU under the Triton interpreter (patches from tests/triton_cpu.py):
-it proves the benchmark runs and checks agreement; interpreter timings measure Python, not
-kernels.
+`--tiles FILE` times with the tiles `scripts/capture_tiles.py --out FILE` chose instead of the
+kernels' own. `--smoke` runs tiny shapes on CPU under the Triton interpreter (patches from
+tests/triton_cpu.py): it proves the benchmark runs and checks agreement; interpreter timings
+measure Python, not kernels.
 """
 
 from __future__ import annotations
@@ -114,14 +116,18 @@ def _mamba2_timing(cfg: Config, rows: int, length: int, caps: int) -> list[dict[
     import torch
 
     from jenga_sglang.bench.studies import kernel_mamba2 as m2
+    from jenga_sglang.kernels import ssd_capture
 
     dev, t = cfg.timer.device, cfg.timer
     pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, torch.float32, dev)
     run = m2.our_launches(pf, m2.scan_outputs(pf))
     row = _head("mamba2", cfg.model_mamba2, rows, length, len(pf.caps), "float32", dev)
-    row["layer_forward_ms"] = t(m2.layer_forward(pf))
+    layer = m2.layer_forward(pf)
+    row["layer_forward_ms"] = t(layer)
     row["conv_gather_ms"] = t(run.conv)
     row["ssd_capture_ms"] = t(run.ssd)
+    row["in_layer_ms"] = t(_chain(layer, run.conv, run.ssd)) - row["layer_forward_ms"]
+    row["tile"] = _tile(ssd_capture._ssd_capture_kernel)
     row["sequential_ms"] = t(run.sequential)
     one = m2.make_prefill(cfg.model_mamba2, rows, length, rows, torch.float32, dev, seed=1)
     track = _head("mamba2-track", cfg.model_mamba2, rows, length, len(one.caps), "float32", dev)
@@ -139,11 +145,14 @@ def _mamba2_exact(
     dev = cfg.timer.device
     pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, dtype, dev)
     row = _head("mamba2-exact", cfg.model_mamba2, rows, length, len(pf.caps), _name(dtype), dev)
-    run = m2.our_launches(pf, m2.scan_outputs(pf))
+    scan = m2.scan_outputs(pf)
+    run, plain = m2.our_launches(pf, scan), m2.our_launches(pf, scan, precision="tf32")
     run.ssd()
+    plain.ssd()
     truth = m2.truth_states(pf)
     row["state_absmax"] = float(truth.abs().max())
     row["ours_err"] = _err(run.ssm_out, truth)
+    row["ours_tf32_err"] = _err(plain.ssm_out, truth)
     row["sglang_track_err"] = _err(m2.sglang_tracked_states(pf), truth)
     row["sglang_prefix_err"] = _err(m2.sglang_prefix_states(pf), truth)
     return [row]
@@ -171,6 +180,7 @@ def gdn_rows(cfg: Config) -> Iterable[dict[str, Any]]:
 
 def _gdn_timing(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> list[dict[str, Any]]:
     from jenga_sglang.bench.studies import kernel_gdn as gd
+    from jenga_sglang.kernels import gdn_capture
 
     dev, t = cfg.timer.device, cfg.timer
     pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
@@ -179,10 +189,13 @@ def _gdn_timing(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> l
         forward()
     run = gd.our_launches(pf, seen)
     row = _head("gdn", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
-    row["layer_forward_ms"] = t(gd.layer_forward(pf))
+    layer = gd.layer_forward(pf)
+    row["layer_forward_ms"] = t(layer)
     row["chunk_forward_ms"] = t(forward)
     row["conv_gather_ms"] = t(run.conv)
     row["gdn_capture_ms"] = t(run.capture)
+    row["in_layer_ms"] = t(_chain(layer, run.conv, run.capture)) - row["layer_forward_ms"]
+    row["tile"] = _tile(gdn_capture._gdn_capture_kernel)
     row = _shares(row, row["conv_gather_ms"] + row["gdn_capture_ms"])
     row["chunk_forward_share"] = row["capture_ms"] / row["chunk_forward_ms"]
     route = _head("gdn-route", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
@@ -198,12 +211,14 @@ def _gdn_exact(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> li
     pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
     with gd.recorded() as seen:
         gd.chunk_forward(pf)()
-    run = gd.our_launches(pf, seen)
+    run, plain = gd.our_launches(pf, seen), gd.our_launches(pf, seen, precision="tf32")
     run.capture()
+    plain.capture()
     truth = gd.truth_states(pf)
     row = _head("gdn-exact", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
     row["state_absmax"] = float(truth.abs().max())
     row["ours_err"] = _err(run.out, truth)
+    row["ours_tf32_err"] = _err(plain.out, truth)
     row["sglang_prefix_err"] = _err(gd.sglang_prefix_states(pf), truth)
     return [row]
 
@@ -241,8 +256,56 @@ def _head(
 def _shares(row: dict[str, Any], capture_ms: float) -> dict[str, Any]:
     row["capture_ms"] = capture_ms
     row["capture_share"] = capture_ms / row["layer_forward_ms"]
+    row["in_layer_share"] = row["in_layer_ms"] / row["layer_forward_ms"]
     row["per_capture_us"] = 1e3 * capture_ms / max(row["captures"], 1)
     return row
+
+
+def _chain(*fns: Callable[[], Any]) -> Callable[[], None]:
+    """One timed call running ``fns`` in order: a capture timed behind the layer it follows,
+    as a prefill runs it (its launch latency hidden behind the layer's kernels, as in a live
+    forward), to compare with SGLang's in-scan tracking, timed the same way."""
+
+    def run() -> None:
+        for fn in fns:
+            fn()
+
+    return run
+
+
+def _tile(kernel: Any) -> str:
+    """The autotuner's pick for the launches just timed."""
+    best = getattr(kernel, "best_config", None)
+    return "" if best is None else str(best)
+
+
+def tile_record(config: Any) -> dict[str, Any]:
+    """A Triton config as JSON (scripts/capture_tiles.py writes these; `--tiles` reads them)."""
+    return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
+            "num_stages": config.num_stages, "maxnreg": config.maxnreg}  # fmt: skip
+
+
+def use_tiles(path: Path) -> None:
+    """Time with the tiles a sweep chose (``{"mamba2": [...], "gdn": [...]}``, each a list of
+    `tile_record`s) instead of the kernels' own: the autotuner picks among them as usual."""
+    import triton
+
+    from jenga_sglang.kernels import gdn_capture, ssd_capture
+
+    chosen = json.loads(path.read_text())
+    kernels = {"mamba2": ssd_capture._ssd_capture_kernel, "gdn": gdn_capture._gdn_capture_kernel}
+    for kind, records in chosen.items():
+        if kind not in kernels or not records:
+            raise ValueError(f"{path}: expected non-empty lists under {sorted(kernels)}")
+        kernels[kind].configs = [
+            triton.Config(
+                r["kwargs"],
+                num_warps=r["num_warps"],
+                num_stages=r["num_stages"],
+                maxnreg=r.get("maxnreg"),
+            )
+            for r in records
+        ]
 
 
 def _err(got: Any, truth: Any) -> float:
@@ -253,16 +316,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The measurements as one markdown table per kind."""
     cols = {
         "mamba2": ("packing", "captures", "layer_forward_ms", "capture_ms", "capture_share",
-                   "per_capture_us", "ssd_capture_ms", "conv_gather_ms", "sequential_ms"),
+                   "per_capture_us", "ssd_capture_ms", "conv_gather_ms", "in_layer_ms",
+                   "in_layer_share", "sequential_ms"),
         "mamba2-track": ("packing", "captures", "scan_ms", "scan_tracked_ms", "sglang_extra_ms",
                          "ours_ssd_ms", "ours_conv_ms"),
         "mamba2-exact": ("packing", "captures", "dtype", "state_absmax", "ours_err",
-                         "sglang_track_err", "sglang_prefix_err"),
+                         "ours_tf32_err", "sglang_track_err", "sglang_prefix_err"),
         "gdn": ("packing", "captures", "layer_forward_ms", "chunk_forward_ms", "capture_ms",
-                "capture_share", "chunk_forward_share", "per_capture_us"),
+                "capture_share", "chunk_forward_share", "per_capture_us", "in_layer_ms",
+                "in_layer_share"),
         "gdn-route": ("packing", "captures", "ours_capture_ms", "sglang_copy_ms"),
         "gdn-exact": ("packing", "captures", "dtype", "state_absmax", "ours_err",
-                      "sglang_prefix_err"),
+                      "ours_tf32_err", "sglang_prefix_err"),
     }  # fmt: skip
     out = []
     for bench, names in cols.items():
@@ -297,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (interpreter)")
     parser.add_argument("--kinds", default="mamba2,gdn", help="mamba2, gdn or both")
+    parser.add_argument("--tiles", type=Path, help="JSON of tiles to time (capture_tiles --out)")
     args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if not kinds or set(kinds) - {"mamba2", "gdn"}:
@@ -311,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("no GPU: run with --smoke on CPU")
         cfg = Config("nemotron-h-8b", "qwen3-next-80b", PACKINGS, EXACT_PACKINGS,
                      Timer("cuda", 0), kinds)  # fmt: skip
+    if args.tiles is not None:
+        use_tiles(args.tiles)
     rows: list[dict[str, Any]] = []
     for kind, make in (("mamba2", mamba2_rows), ("gdn", gdn_rows)):
         if kind in kinds:

@@ -179,7 +179,7 @@ class Launches:
     out: Any
 
 
-def our_launches(pf: Prefill, seen: dict[str, Any]) -> Launches:
+def our_launches(pf: Prefill, seen: dict[str, Any], precision: str = "tf32x3") -> Launches:
     import torch
 
     from jenga_sglang.kernels.conv_gather import gather_conv_states
@@ -204,7 +204,9 @@ def our_launches(pf: Prefill, seen: dict[str, Any]) -> Launches:
 
     return Launches(
         conv=lambda: gather_conv_states(pf.xbc, conv_out, *conv_ix, checked=True),
-        capture=lambda: capture_gdn_states(h, out, k, v_new, g, caps, checked=True),
+        capture=lambda: capture_gdn_states(
+            h, out, k, v_new, g, caps, checked=True, precision=precision
+        ),
         sglang_copy=copy,
         out=out,
     )

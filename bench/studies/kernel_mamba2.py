@@ -185,7 +185,9 @@ class Launches:
     ssm_out: Any
 
 
-def our_launches(pf: Prefill, scan_out: tuple[Any, Any, Any]) -> Launches:
+def our_launches(
+    pf: Prefill, scan_out: tuple[Any, Any, Any], precision: str = "tf32x3"
+) -> Launches:
     import torch
 
     from jenga_sglang.kernels.conv_gather import gather_conv_states
@@ -218,7 +220,7 @@ def our_launches(pf: Prefill, scan_out: tuple[Any, Any, Any]) -> Launches:
     return Launches(
         conv=lambda: gather_conv_states(pf.xbc, conv_out, *conv_ix, checked=True),
         ssd=lambda: capture_ssd_states(
-            states, None, ssm_out, pf.x, pf.b, dt, cumsum, ssd, checked=True
+            states, None, ssm_out, pf.x, pf.b, dt, cumsum, ssd, checked=True, precision=precision
         ),
         sequential=sequential,
         ssm_out=ssm_out,

@@ -1,0 +1,101 @@
+"""Time an earlier version of the capture kernels against the current one, on one GPU, in one run.
+
+A kernel change's before and after must come from the same machine and the same inputs: this
+loads the earlier kernels/ssd_capture.py and kernels/gdn_capture.py from a directory (written
+with ``git show REV:kernels/ssd_capture.py``, say) and times both versions' launches, alternately,
+at kernel_bench's six packings, each on its own autotuned tiles (``--tiles``: the current
+kernels' tiles from a sweep, as ``kernel_bench --tiles``). One JSON object per (kind, packing).
+
+    mkdir -p .gpu/old && for k in ssd_capture gdn_capture; do
+        git show REV:kernels/$k.py > .gpu/old/$k.py; done                    # here
+    PYTHONPATH=.:.gpu python scripts/capture_compare.py --old .gpu/old      # on the GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from triton.testing import do_bench
+
+from jenga_sglang.bench.studies import kernel_bench as kb
+from jenga_sglang.bench.studies import kernel_gdn as gd
+from jenga_sglang.bench.studies import kernel_mamba2 as m2
+
+MODULES = {"mamba2": "jenga_sglang.kernels.ssd_capture", "gdn": "jenga_sglang.kernels.gdn_capture"}
+
+
+def load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def built_with(kind: str, module: ModuleType | None, build: Callable[[], Any]) -> Any:
+    """``build()`` with the earlier module standing in for the current one (the bench builders
+    import the kernels' launchers when they run)."""
+    if module is None:
+        return build()
+    saved = sys.modules[MODULES[kind]]
+    sys.modules[MODULES[kind]] = module
+    try:
+        return build()
+    finally:
+        sys.modules[MODULES[kind]] = saved
+
+
+def launches(kind: str, packing: tuple[int, int, int], module: ModuleType | None) -> Any:
+    rows, length, caps = packing
+    if kind == "mamba2":
+        mp = m2.make_prefill("nemotron-h-8b", rows, length, caps, torch.float32, "cuda")
+        scan = m2.scan_outputs(mp)
+        return len(mp.caps), built_with(kind, module, lambda: m2.our_launches(mp, scan).ssd)
+    gp = gd.make_prefill("qwen3-next-80b", rows, length, caps, torch.bfloat16, "cuda")
+    with gd.recorded() as seen:
+        gd.chunk_forward(gp)()
+    return len(gp.caps), built_with(kind, module, lambda: gd.our_launches(gp, seen).capture)
+
+
+def ms(fn: Callable[[], Any]) -> float:
+    fn()
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--old", type=Path, required=True, help="directory of the earlier kernels")
+    parser.add_argument("--tiles", type=Path, help="the current kernels' tiles (capture_tiles)")
+    parser.add_argument("--kinds", default="mamba2,gdn")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    if args.tiles is not None:
+        kb.use_tiles(args.tiles)
+    old = {
+        "mamba2": load(args.old / "ssd_capture.py", "old_ssd_capture"),
+        "gdn": load(args.old / "gdn_capture.py", "old_gdn_capture"),
+    }
+    for kind in args.kinds.split(","):
+        for packing in kb.PACKINGS:
+            n, before = launches(kind, packing, old[kind])
+            _, after = launches(kind, packing, None)
+            row: dict[str, Any] = {"kind": kind, "packing": f"{packing[0]}x{packing[1]}"}
+            row |= {"captures": n, "old_ms": ms(before), "new_ms": ms(after)}
+            row["old_ms_again"], row["new_ms_again"] = ms(before), ms(after)
+            print(json.dumps(row), flush=True)
+            kb._release_memory()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
