@@ -2,7 +2,8 @@
 (docs/sglang.md, "Tensor and data parallelism"; bench/RESULTS.md, "Scale-out").
 
     jenga-bench scale-dp [--variants stock,jenga] [--policies cache_aware,round_robin]
-        [--sessions 8] [--max-requests 40] [--out out/scale-dp]
+        [--sessions 8] [--max-requests 40] [--server-flags '--max-total-tokens 2048']
+        [--out out/scale-dp]
 
 For each variant (stock SGLang, `--enable-jenga`) and router policy: two fresh SGLang workers in
 gRPC mode (`--grpc-mode`, smg-grpc-servicer), each publishing its cache's KV events
@@ -13,6 +14,9 @@ blocks the chosen worker holds); `round_robin` ignores them. Then `jenga-bench o
 replays workloads through the router's URL: multi-turn chat (ShareGPT sessions) and an agent
 trace, each turn carrying the whole history, and single-turn requests under two shared system
 prompts (`SYSTEM_*`).
+
+`--server-flags` go to every worker of every variant alike (a tight `--max-total-tokens` puts
+the caches under memory pressure, where the variants differ on multi-turn loads).
 
 Reported per run: requests, errors, prompt and cached tokens (the workers' usage reports),
 mean TTFT, and for `cache_aware` the router's predicted hit tokens for the same requests (its
@@ -25,9 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
@@ -79,9 +85,11 @@ def workload_traces(names: list[str], sessions: int, cache_dir: Path) -> dict[st
     return {name: build[name]() for name in names}
 
 
-def _worker(model: str, variant: str, core: int, log: Path) -> LocalServer:
+def _worker(
+    model: str, variant: str, core: int, log: Path, server_flags: Sequence[str] = ()
+) -> LocalServer:
     events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "topic": "kv"})
-    flags = ("--grpc-mode", "--kv-events-config", events, *VARIANT_FLAGS[variant])
+    flags = ("--grpc-mode", "--kv-events-config", events, *server_flags, *VARIANT_FLAGS[variant])
     env = {"SGLANG_CPU_OMP_THREADS_BIND": str(core)}  # one core per replica
     port = free_port_below(55535)  # legacy gRPC mode validates --port + 10000 as a port
     return LocalServer(
@@ -138,10 +146,17 @@ def _brief(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_one(
-    model: str, variant: str, policy: str, traces: dict[str, Path], config: OnlineConfig, out: Path
+    model: str,
+    variant: str,
+    policy: str,
+    traces: dict[str, Path],
+    config: OnlineConfig,
+    out: Path,
+    server_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
     name = f"{variant}-{policy}"
-    workers = [_worker(model, variant, core, out / f"{name}-w{core}.log") for core in (0, 1)]
+    logs = [out / f"{name}-w{core}.log" for core in (0, 1)]
+    workers = [_worker(model, variant, core, log, server_flags) for core, log in enumerate(logs)]
     with ExitStack() as stack:
         with ThreadPoolExecutor(2) as pool:  # both start at once
             starts = [pool.submit(w.__enter__) for w in workers]
@@ -153,6 +168,7 @@ def run_one(
         router_log = out / f"{name}-router.log"
         router = stack.enter_context(LocalRouter(urls, policy, model=model, log=router_log))
         result: dict[str, Any] = {"variant": variant, "policy": policy}
+        result["server_flags"] = list(server_flags)
         for load, trace in traces.items():
             words = 200 if load == "system" else config.max_user_words  # the whole prompt
             summary = run_online(str(trace), replace(config, url=router.url, max_user_words=words))
@@ -201,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int, default=40, help="requests per workload")
     p.add_argument("--max-seconds", type=float, default=400.0, help="per workload")
     p.add_argument("--out", default="out/scale-dp")
+    p.add_argument(
+        "--server-flags",
+        default="",
+        help="more SGLang flags for every worker, e.g. --server-flags='--max-total-tokens 2048'",
+    )
     args = p.parse_args(argv)
+    server_flags = shlex.split(args.server_flags)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers on the way out
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     start, results = time.monotonic(), []
     for variant in args.variants.split(","):
         for policy in args.policies.split(","):
-            results.append(run_one(args.model, variant, policy, traces, config, out))
+            results.append(run_one(args.model, variant, policy, traces, config, out, server_flags))
             print(json.dumps(_without_replies(results[-1])), flush=True)
     same = identical_replies(results, list(traces))
     (out / "summary.json").write_text(json.dumps({"runs": results, "identical": same}, indent=1))
