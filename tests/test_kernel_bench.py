@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,13 +74,15 @@ def test_smoke_measures_every_kind_and_the_routes_agree(tmp_path: Path) -> None:
     assert "| packing |" in done.stderr  # the table
 
 
-def test_a_tiles_file_without_both_kinds_is_refused(tmp_path: Path) -> None:
+def test_a_tiles_file_with_an_empty_list_or_unknown_kind_is_refused(tmp_path: Path) -> None:
     from jenga_sglang.bench.studies.kernel_bench import use_tiles
 
     bad = tmp_path / "tiles.json"
-    bad.write_text(json.dumps({"mamba2": []}))
-    with pytest.raises(ValueError, match="non-empty lists"):
-        use_tiles(bad)
+    contents: list[dict[str, list[Any]]] = [{"mamba2": []}, {"mamba3": [{"kwargs": {}}]}]
+    for content in contents:
+        bad.write_text(json.dumps(content))
+        with pytest.raises(ValueError, match="non-empty lists"):
+            use_tiles(bad)
 
 
 def test_the_sweep_keeps_the_three_of_least_geometric_mean() -> None:
