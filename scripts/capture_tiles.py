@@ -50,11 +50,12 @@ def grid(names: tuple[str, str, str]) -> Iterator[triton.Config]:
 def sweep(
     kind: str,
     kernel: Any,
-    launcher: Callable[..., None],
-    launch: Callable[[], None],
+    launches: Callable[[str], Callable[[], None]],
     head: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
-    """Every config at the default precision, then every precision at the best config."""
+    """Every config at the default precision, then every precision at the best config;
+    ``launches(precision)`` is the launch at that dot precision."""
+    launch = launches(PRECISIONS[0])
     tiles = list(kernel.configs)
     names = (
         ("BLOCK_M", "BLOCK_N", "BLOCK_K") if kind == "mamba2" else ("BLOCK_V", "BLOCK_K", "BLOCK_T")
@@ -75,32 +76,27 @@ def sweep(
         yield {**head, "config": str(cfg), "default": cfg in tiles, "ms": ms, "_config": cfg}
     best = min(timed, key=lambda t: t[0])[1]
     kernel.configs = [best]
-    defaults = launcher.__kwdefaults__
-    assert defaults is not None and defaults["precision"] == PRECISIONS[0]
     for precision in PRECISIONS:
-        defaults["precision"] = precision
-        ms = float(do_bench(launch, warmup=10, rep=50, return_mode="median"))
+        ms = float(do_bench(launches(precision), warmup=10, rep=50, return_mode="median"))
         yield {**head, "config": str(best), "precision": precision, "ms": ms}
-    defaults["precision"] = PRECISIONS[0]
     kernel.configs = tiles
 
 
 def mamba2(rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
     pf = m2.make_prefill("nemotron-h-8b", rows, length, caps, torch.float32, "cuda")
-    run = m2.our_launches(pf, m2.scan_outputs(pf))
+    scan = m2.scan_outputs(pf)
     head = {"kind": "mamba2", "packing": f"{rows}x{length}", "captures": len(pf.caps)}
-    yield from sweep("mamba2", ssd_capture._ssd_capture_kernel, ssd_capture.capture_ssd_states,
-                     run.ssd, head)  # fmt: skip
+    yield from sweep("mamba2", ssd_capture._ssd_capture_kernel,
+                     lambda p: m2.our_launches(pf, scan, precision=p).ssd, head)  # fmt: skip
 
 
 def gdn(rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
     pf = gd.make_prefill("qwen3-next-80b", rows, length, caps, torch.bfloat16, "cuda")
     with gd.recorded() as seen:
         gd.chunk_forward(pf)()
-    run = gd.our_launches(pf, seen)
     head = {"kind": "gdn", "packing": f"{rows}x{length}", "captures": len(pf.caps)}
-    yield from sweep("gdn", gdn_capture._gdn_capture_kernel, gdn_capture.capture_gdn_states,
-                     run.capture, head)  # fmt: skip
+    yield from sweep("gdn", gdn_capture._gdn_capture_kernel,
+                     lambda p: gd.our_launches(pf, seen, precision=p).capture, head)  # fmt: skip
 
 
 def main() -> int:

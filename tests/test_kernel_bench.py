@@ -110,3 +110,40 @@ def test_the_sweep_keeps_the_three_of_least_geometric_mean() -> None:
     assert [c["kwargs"]["BLOCK_M"] for c in chosen] == [48, 16, 32]
     assert chosen[0] == {"kwargs": {"BLOCK_M": 48}, "num_warps": 4, "num_stages": 3,
                          "maxnreg": None}  # fmt: skip
+
+
+def test_the_sweep_times_each_config_once_and_each_precision_on_its_own_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The precision pass must time launches built at each precision (an earlier version set
+    the launcher's default precision, which a launch passing its own ignored)."""
+    import importlib.util
+    import types
+
+    import triton
+
+    path = ROOT / "scripts" / "capture_tiles.py"
+    spec = importlib.util.spec_from_file_location("capture_tiles", path)
+    assert spec is not None and spec.loader is not None
+    tiles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiles)
+    timed: list[tuple[str, str]] = []  # (config, precision) of each timed launch
+    kernel = types.SimpleNamespace(configs=[triton.Config({"BLOCK_M": 64}, num_warps=4)])
+    default_tiles = list(kernel.configs)
+
+    def launches(precision: str) -> Any:
+        return lambda: timed.append((str(kernel.configs[0]), precision))
+
+    def fake_bench(fn: Any, **_: Any) -> float:
+        fn()
+        return 1.0 if "BLOCK_N: 128" in timed[-1][0] else 2.0  # one config is fastest
+
+    monkeypatch.setattr(tiles, "do_bench", fake_bench)
+    rows = list(tiles.sweep("mamba2", kernel, launches, {"kind": "mamba2"}))
+    configs = [r["config"] for r in rows if "precision" not in r]
+    assert len(configs) == len(set(configs)) == 1 + 24  # the default, then the grid, no repeats
+    passes = [(r["config"], r["precision"]) for r in rows if "precision" in r]
+    assert [p for _, p in passes] == list(tiles.PRECISIONS)
+    assert all("BLOCK_N: 128" in c for c, _ in passes)  # at the best config
+    assert [p for _, p in timed[-3:]] == list(tiles.PRECISIONS)  # each on its own launch
+    assert kernel.configs == default_tiles  # restored
