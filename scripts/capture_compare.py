@@ -18,17 +18,16 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
-from triton.testing import do_bench
 
 from jenga_sglang.bench.studies import kernel_bench as kb
-from jenga_sglang.bench.studies import kernel_gdn as gd
-from jenga_sglang.bench.studies import kernel_mamba2 as m2
 
+PRECISION = "tf32x3"  # both versions' default
 MODULES = {"mamba2": "jenga_sglang.kernels.ssd_capture", "gdn": "jenga_sglang.kernels.gdn_capture"}
 
 
@@ -41,34 +40,15 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
-def built_with(kind: str, module: ModuleType | None, build: Callable[[], Any]) -> Any:
+def built_with(kind: str, module: ModuleType, build: Callable[[], Any]) -> Any:
     """``build()`` with the earlier module standing in for the current one (the bench builders
     import the kernels' launchers when they run)."""
-    if module is None:
-        return build()
     saved = sys.modules[MODULES[kind]]
     sys.modules[MODULES[kind]] = module
     try:
         return build()
     finally:
         sys.modules[MODULES[kind]] = saved
-
-
-def launches(kind: str, packing: tuple[int, int, int], module: ModuleType | None) -> Any:
-    rows, length, caps = packing
-    if kind == "mamba2":
-        mp = m2.make_prefill("nemotron-h-8b", rows, length, caps, torch.float32, "cuda")
-        scan = m2.scan_outputs(mp)
-        return len(mp.caps), built_with(kind, module, lambda: m2.our_launches(mp, scan).ssd)
-    gp = gd.make_prefill("qwen3-next-80b", rows, length, caps, torch.bfloat16, "cuda")
-    with gd.recorded() as seen:
-        gd.chunk_forward(gp)()
-    return len(gp.caps), built_with(kind, module, lambda: gd.our_launches(gp, seen).capture)
-
-
-def ms(fn: Callable[[], Any]) -> float:
-    fn()
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def main() -> int:
@@ -85,10 +65,12 @@ def main() -> int:
         "mamba2": load(args.old / "ssd_capture.py", "old_ssd_capture"),
         "gdn": load(args.old / "gdn_capture.py", "old_gdn_capture"),
     }
+    ms = kb.Timer("cuda", 0)
     for kind in args.kinds.split(","):
         for packing in kb.PACKINGS:
-            n, before = launches(kind, packing, old[kind])
-            _, after = launches(kind, packing, None)
+            n, launches = kb.capture_launches(kind, *packing)
+            before = built_with(kind, old[kind], partial(launches, PRECISION))
+            after = launches(PRECISION)
             row: dict[str, Any] = {"kind": kind, "packing": f"{packing[0]}x{packing[1]}"}
             row |= {"captures": n, "old_ms": ms(before), "new_ms": ms(after)}
             row["old_ms_again"], row["new_ms_again"] = ms(before), ms(after)

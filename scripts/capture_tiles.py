@@ -27,9 +27,6 @@ import triton
 from triton.testing import do_bench
 
 from jenga_sglang.bench.studies import kernel_bench as kb
-from jenga_sglang.bench.studies import kernel_gdn as gd
-from jenga_sglang.bench.studies import kernel_mamba2 as m2
-from jenga_sglang.kernels import gdn_capture, ssd_capture
 from jenga_sglang.kernels.ssd_capture import PRECISIONS  # the GDN capture takes the same
 
 PACKINGS = ((8, 1024, 16), (8, 1024, 127), (64, 128, 64))
@@ -57,12 +54,9 @@ def sweep(
     ``launches(precision)`` is the launch at that dot precision."""
     launch = launches(PRECISIONS[0])
     tiles = list(kernel.configs)
-    names = (
-        ("BLOCK_M", "BLOCK_N", "BLOCK_K") if kind == "mamba2" else ("BLOCK_V", "BLOCK_K", "BLOCK_T")
-    )
     timed: list[tuple[float, triton.Config]] = []
     seen: set[str] = set()
-    for cfg in [*tiles, *grid(names)]:
+    for cfg in [*tiles, *grid(TILE_NAMES[kind])]:
         if str(cfg) in seen:
             continue
         seen.add(str(cfg))
@@ -82,21 +76,10 @@ def sweep(
     kernel.configs = tiles
 
 
-def mamba2(rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
-    pf = m2.make_prefill("nemotron-h-8b", rows, length, caps, torch.float32, "cuda")
-    scan = m2.scan_outputs(pf)
-    head = {"kind": "mamba2", "packing": f"{rows}x{length}", "captures": len(pf.caps)}
-    yield from sweep("mamba2", ssd_capture._ssd_capture_kernel,
-                     lambda p: m2.our_launches(pf, scan, precision=p).ssd, head)  # fmt: skip
-
-
-def gdn(rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
-    pf = gd.make_prefill("qwen3-next-80b", rows, length, caps, torch.bfloat16, "cuda")
-    with gd.recorded() as seen:
-        gd.chunk_forward(pf)()
-    head = {"kind": "gdn", "packing": f"{rows}x{length}", "captures": len(pf.caps)}
-    yield from sweep("gdn", gdn_capture._gdn_capture_kernel,
-                     lambda p: gd.our_launches(pf, seen, precision=p).capture, head)  # fmt: skip
+def sweep_packing(kind: str, rows: int, length: int, caps: int) -> Iterator[dict[str, Any]]:
+    n, launches = kb.capture_launches(kind, rows, length, caps)
+    head = {"kind": kind, "packing": f"{rows}x{length}", "captures": n}
+    yield from sweep(kind, kb.capture_kernel(kind), launches, head)
 
 
 def main() -> int:
@@ -110,11 +93,11 @@ def main() -> int:
     best: dict[tuple[str, str], dict[str, Any]] = {}
     times: dict[str, dict[str, list[float]]] = {}  # kind -> config -> ms per packing
     configs: dict[str, triton.Config] = {}
-    for kind, make in (("mamba2", mamba2), ("gdn", gdn)):
+    for kind in ("mamba2", "gdn"):
         if kind not in kinds:
             continue
         for packing in PACKINGS:
-            for row in make(*packing):
+            for row in sweep_packing(kind, *packing):
                 config = row.pop("_config", None)
                 print(json.dumps(row), flush=True)
                 key = (kind, row["packing"])

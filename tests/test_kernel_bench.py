@@ -88,16 +88,9 @@ def test_a_tiles_file_with_an_empty_list_or_unknown_kind_is_refused(tmp_path: Pa
 def test_the_sweep_keeps_the_three_of_least_geometric_mean() -> None:
     """scripts/capture_tiles.py ranks configs by geometric mean over the packings and drops any
     that did not run at every packing (out of resources at one, say)."""
-    import importlib.util
-
     import triton
 
-    spec = importlib.util.spec_from_file_location(
-        "capture_tiles", ROOT / "scripts/capture_tiles.py"
-    )
-    assert spec is not None and spec.loader is not None
-    tiles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiles)
+    tiles = _capture_tiles()
     configs = {f"c{i}": triton.Config({"BLOCK_M": 16 * (i + 1)}, num_warps=4) for i in range(5)}
     times = {"mamba2": {
         "c0": [1.0, 1.0, 1.0],   # geometric mean 1
@@ -117,16 +110,11 @@ def test_the_sweep_times_each_config_once_and_each_precision_on_its_own_launch(
 ) -> None:
     """The precision pass must time launches built at each precision (an earlier version set
     the launcher's default precision, which a launch passing its own ignored)."""
-    import importlib.util
     import types
 
     import triton
 
-    path = ROOT / "scripts" / "capture_tiles.py"
-    spec = importlib.util.spec_from_file_location("capture_tiles", path)
-    assert spec is not None and spec.loader is not None
-    tiles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiles)
+    tiles = _capture_tiles()
     timed: list[tuple[str, str]] = []  # (config, precision) of each timed launch
     kernel = types.SimpleNamespace(configs=[triton.Config({"BLOCK_M": 64}, num_warps=4)])
     default_tiles = list(kernel.configs)
@@ -147,3 +135,16 @@ def test_the_sweep_times_each_config_once_and_each_precision_on_its_own_launch(
     assert all("BLOCK_N: 128" in c for c, _ in passes)  # at the best config
     assert [p for _, p in timed[-3:]] == list(tiles.PRECISIONS)  # each on its own launch
     assert kernel.configs == default_tiles  # restored
+
+
+def _capture_tiles() -> Any:
+    """scripts/capture_tiles.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "capture_tiles", ROOT / "scripts/capture_tiles.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -51,6 +51,8 @@ from typing import Any
 PACKINGS = ((8, 1024, 16), (8, 1024, 127), (4, 8192, 64), (64, 128, 64), (1, 32768, 8),
             (32, 1024, 256))  # fmt: skip
 EXACT_PACKINGS = ((8, 1024, 16), (64, 128, 64))
+#: The production model each layer kind is measured at (tensor-parallel rank 1).
+MODELS = {"mamba2": "nemotron-h-8b", "gdn": "qwen3-next-80b"}
 SMOKE_PACKINGS = ((4, 40, 8),)
 
 
@@ -116,7 +118,6 @@ def _mamba2_timing(cfg: Config, rows: int, length: int, caps: int) -> list[dict[
     import torch
 
     from jenga_sglang.bench.studies import kernel_mamba2 as m2
-    from jenga_sglang.kernels import ssd_capture
 
     dev, t = cfg.timer.device, cfg.timer
     pf = m2.make_prefill(cfg.model_mamba2, rows, length, caps, torch.float32, dev)
@@ -127,7 +128,7 @@ def _mamba2_timing(cfg: Config, rows: int, length: int, caps: int) -> list[dict[
     row["conv_gather_ms"] = t(run.conv)
     row["ssd_capture_ms"] = t(run.ssd)
     row["in_layer_ms"] = t(_chain(layer, run.conv, run.ssd)) - row["layer_forward_ms"]
-    row["tile"] = _tile(ssd_capture._ssd_capture_kernel)
+    row["tile"] = _tile(capture_kernel("mamba2"))
     row["sequential_ms"] = t(run.sequential)
     one = m2.make_prefill(cfg.model_mamba2, rows, length, rows, torch.float32, dev, seed=1)
     track = _head("mamba2-track", cfg.model_mamba2, rows, length, len(one.caps), "float32", dev)
@@ -180,7 +181,6 @@ def gdn_rows(cfg: Config) -> Iterable[dict[str, Any]]:
 
 def _gdn_timing(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> list[dict[str, Any]]:
     from jenga_sglang.bench.studies import kernel_gdn as gd
-    from jenga_sglang.kernels import gdn_capture
 
     dev, t = cfg.timer.device, cfg.timer
     pf = gd.make_prefill(cfg.model_gdn, rows, length, caps, dtype, dev)
@@ -195,7 +195,7 @@ def _gdn_timing(cfg: Config, rows: int, length: int, caps: int, dtype: Any) -> l
     row["conv_gather_ms"] = t(run.conv)
     row["gdn_capture_ms"] = t(run.capture)
     row["in_layer_ms"] = t(_chain(layer, run.conv, run.capture)) - row["layer_forward_ms"]
-    row["tile"] = _tile(gdn_capture._gdn_capture_kernel)
+    row["tile"] = _tile(capture_kernel("gdn"))
     row = _shares(row, row["conv_gather_ms"] + row["gdn_capture_ms"])
     row["chunk_forward_share"] = row["capture_ms"] / row["chunk_forward_ms"]
     route = _head("gdn-route", cfg.model_gdn, rows, length, len(pf.caps), _name(dtype), dev)
@@ -279,6 +279,34 @@ def _tile(kernel: Any) -> str:
     return "" if best is None else str(best)
 
 
+def capture_kernel(kind: str) -> Any:
+    """The autotuned capture kernel of a layer kind (`configs`: the tiles it tries)."""
+    from jenga_sglang.kernels import gdn_capture, ssd_capture
+
+    return ssd_capture._ssd_capture_kernel if kind == "mamba2" else gdn_capture._gdn_capture_kernel
+
+
+def capture_launches(
+    kind: str, rows: int, length: int, caps: int
+) -> tuple[int, Callable[[str], Callable[[], None]]]:
+    """A packing's prefill on the GPU at `MODELS[kind]`'s shapes: its capture count, and our
+    capture launch for it at a dot precision (built when asked for, so the launcher is imported
+    then: scripts/capture_compare.py swaps in an earlier one)."""
+    import torch
+
+    from jenga_sglang.bench.studies import kernel_gdn as gd
+    from jenga_sglang.bench.studies import kernel_mamba2 as m2
+
+    if kind == "mamba2":
+        mp = m2.make_prefill(MODELS[kind], rows, length, caps, torch.float32, "cuda")
+        scan = m2.scan_outputs(mp)
+        return len(mp.caps), lambda p: m2.our_launches(mp, scan, precision=p).ssd
+    gp = gd.make_prefill(MODELS[kind], rows, length, caps, torch.bfloat16, "cuda")
+    with gd.recorded() as seen:
+        gd.chunk_forward(gp)()
+    return len(gp.caps), lambda p: gd.our_launches(gp, seen, precision=p).capture
+
+
 def tile_record(config: Any) -> dict[str, Any]:
     """A Triton config as JSON (scripts/capture_tiles.py writes these; `--tiles` reads them)."""
     return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps,
@@ -290,14 +318,11 @@ def use_tiles(path: Path) -> None:
     `tile_record`s) instead of the kernels' own: the autotuner picks among them as usual."""
     import triton
 
-    from jenga_sglang.kernels import gdn_capture, ssd_capture
-
     chosen = json.loads(path.read_text())
-    kernels = {"mamba2": ssd_capture._ssd_capture_kernel, "gdn": gdn_capture._gdn_capture_kernel}
     for kind, records in chosen.items():
-        if kind not in kernels or not records:
-            raise ValueError(f"{path}: expected non-empty lists under {sorted(kernels)}")
-        kernels[kind].configs = [
+        if kind not in MODELS or not records:
+            raise ValueError(f"{path}: expected non-empty lists under {sorted(MODELS)}")
+        capture_kernel(kind).configs = [
             triton.Config(
                 r["kwargs"],
                 num_warps=r["num_warps"],
@@ -375,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("no GPU: run with --smoke on CPU")
-        cfg = Config("nemotron-h-8b", "qwen3-next-80b", PACKINGS, EXACT_PACKINGS,
+        cfg = Config(MODELS["mamba2"], MODELS["gdn"], PACKINGS, EXACT_PACKINGS,
                      Timer("cuda", 0), kinds)  # fmt: skip
     if args.tiles is not None:
         use_tiles(args.tiles)
