@@ -21,7 +21,7 @@ from jenga_sglang.radix.contracts import (
     TierPolicy,
 )
 from jenga_sglang.radix.cost import SpecNodeCost
-from jenga_sglang.radix.host import HostTier
+from jenga_sglang.radix.host import HostCopies, HostTier
 from jenga_sglang.radix.lease import Lease
 from jenga_sglang.radix.match import MatchResult, Walk, deepest_whole
 from jenga_sglang.radix.memory import CacheMemory
@@ -122,17 +122,20 @@ class PrefixCache:
         """The host-memory tier, if one is attached (`attach_host`)."""
         return self.tree.host
 
-    def attach_host(self, memory: CacheMemory, policy: TierPolicy) -> HostTier:
-        """Give the cache a host tier over `memory`, run by `policy` (docs/host-tier.md).
-        Only `serve` (sequential serving, with the prefix locked) loads host hits back so
-        far; the engine and the SGLang backend must not attach one."""
+    def attach_host(
+        self, memory: CacheMemory, policy: TierPolicy, copies: HostCopies | None = None
+    ) -> HostTier:
+        """Give the cache a host tier over `memory`, run by `policy` (docs/host-tier.md), its
+        bytes moved by `copies` (None: pages are counts, as in the simulator). `serve` loads
+        host hits back; the SGLang backend calls the tier's `prepare` itself
+        (binding/host/); the engine replay must not attach one."""
         if not self.lock_prefix:
             raise ValueError(
                 "a host tier needs the request's prefix locked while it is served "
                 "(lock_prefix): the reference simulator's unlocked insert may demote it"
             )
         policy.bind_cost(self.cost)
-        return HostTier(self.tree, memory, policy)
+        return HostTier(self.tree, memory, policy, copies)
 
     @property
     def evicted_nodes(self) -> int:

@@ -15,10 +15,14 @@ memory (`Node.host`), its checkpoint in `state` (device) or `host_state` (host),
 victims down (`evict`, the device evictor's hook), evicts host entries when host memory is
 short (`evict_for`, host memory's evictor) and checks T1-T5 (`check_host`). Loading back is in
 radix/host_load.py.
+
+The tier decides and counts; the bytes behind a move are `HostCopies`' (the live server's,
+jenga_sglang/binding/host/). The simulator has none: its pages are counts.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 from mypy_extensions import mypyc_attr
@@ -37,16 +41,37 @@ if TYPE_CHECKING:
     from jenga_sglang.radix.tree import RadixTree
 
 
+class HostCopies(ABC):
+    """The bytes of the tier's moves: called with both sides' pages while both are held, so
+    the source is still intact and the destination already owned (each move's pages, in the
+    same order on both sides)."""
+
+    @abstractmethod
+    def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        """Copy device pages into the host pages allocated for them (a demotion)."""
+
+    @abstractmethod
+    def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        """Copy host pages into the device pages allocated for them (a load-back)."""
+
+
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class HostTier(Evictor):
     """The host tier of one tree: its memory, its policy, the moves between tiers, counters."""
 
-    def __init__(self, tree: RadixTree, memory: CacheMemory, policy: TierPolicy) -> None:
+    def __init__(
+        self,
+        tree: RadixTree,
+        memory: CacheMemory,
+        policy: TierPolicy,
+        copies: HostCopies | None = None,
+    ) -> None:
         if tree.host is not None:
             raise ValueError("the tree already has a host tier")
         self.tree = tree
         self.memory = memory
         self.policy = policy
+        self.copies = copies
         self.rules = host_rules(tree.rules)  # hit rules with host KV and checkpoints
         memory.set_evictor(self)
         tree.host = self
@@ -93,6 +118,8 @@ class HostTier(Evictor):
             copy = self.memory.alloc(state_type, len(state), 0)
         except OutOfMemory:
             return False
+        if self.copies is not None:
+            self.copies.store(state_type, state, copy)
         self.memory.mark_evictable(state_type, copy)
         self.tree.memory.free_evictable(state_type, state)
         node.state, node.host_state = None, copy
@@ -113,18 +140,20 @@ class HostTier(Evictor):
         if node.state is not None:
             assert tree.state_type is not None
             moves.append((tree.state_type, node.state))
-        copies = self.memory.try_alloc_all([(ptype, len(pages)) for ptype, pages in moves], 0)
-        if copies is None:
+        targets = self.memory.try_alloc_all([(ptype, len(pages)) for ptype, pages in moves], 0)
+        if targets is None:
             return False
-        for (ptype, pages), copy in zip(moves, copies, strict=True):
+        for (ptype, pages), copy in zip(moves, targets, strict=True):
             if len(pages):
+                if self.copies is not None:
+                    self.copies.store(ptype, pages, copy)
                 tree.memory.free_evictable(ptype, pages)
                 self.memory.mark_evictable(ptype, copy)
             self.write_bytes += len(pages) * self.memory.page_bytes(ptype)
         for slot in range(len(tree.kv_types)):
-            node.kv[slot] = copies[slot]
+            node.kv[slot] = targets[slot]
         if node.state is not None:
-            node.state, node.host_state = None, copies[-1]
+            node.state, node.host_state = None, targets[-1]
         parent = node.parent
         assert parent is not None
         head = node.key.head(0, tree.page)
@@ -145,6 +174,16 @@ class HostTier(Evictor):
             self.drop_host_state(node)
         for child in list(node.host_children.values()):
             self.drop_subtree(child)
+
+    def clear_walk(self, walk: Walk) -> bool:
+        """Drop the host nodes on `walk` (a suffix of it, T1) and what hangs below them: a
+        live request inserting along it brings its own pages for those tokens
+        (binding/host/tier.py). Whether there were any."""
+        first = next((n for n in walk.path if n.host), None)
+        if first is None:
+            return False
+        self.drop_subtree(first)
+        return True
 
     def drop_subtree(self, top: Node) -> None:
         """Remove the host node `top` and everything below it from the tree and host memory."""

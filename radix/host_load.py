@@ -189,6 +189,8 @@ def _move_down(host: HostTier, nodes: list[Node], runs: list[Pages]) -> None:
         for slot, ptype in enumerate(tree.kv_types):
             own, runs[slot] = runs[slot].split(len(node.kv[slot]))
             if len(node.kv[slot]):
+                if host.copies is not None:
+                    host.copies.load(ptype, node.kv[slot], own)
                 host.memory.free_evictable(ptype, node.kv[slot])
                 tree.memory.mark_evictable(ptype, own)
             node.kv[slot] = own
@@ -208,6 +210,8 @@ def _load_state(host: HostTier, node: Node, page: Pages) -> None:
     tree = host.tree
     state_type = tree.state_type
     assert state_type is not None and node.host_state is not None
+    if host.copies is not None:
+        host.copies.load(state_type, node.host_state, page)
     host.memory.free_evictable(state_type, node.host_state)
     node.host_state, node.state = None, page
     if node.lock_ref == 0:

@@ -18,9 +18,10 @@ from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
 from jenga_sglang.policies.host import FlopAwareTier, overlapped_seconds
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
-from jenga_sglang.radix.host import HostTier
+from jenga_sglang.radix.host import HostCopies, HostTier
 from jenga_sglang.radix.memory import ByteBudget
 from jenga_sglang.radix.node import Node
+from jenga_sglang.radix.pages import Pages, PageType
 from jenga_sglang.radix.tokens import TokenSeq
 
 STATE = 80  # bytes of one hybrid_spec() state
@@ -311,3 +312,49 @@ def test_a_device_leaf_with_host_children_goes_down_not_away() -> None:
     cache.check_integrity()
     assert branch.host and len(branch.host_children) == 2 and branch.parent is cache.root
     assert tier(cache).dropped_nodes == 0
+
+
+def test_clear_walk_drops_the_host_part_of_an_insert_path() -> None:
+    """The live tier's guard (binding/host/tier.py): a walk reaching a host node drops it and
+    what hangs below; a walk on the device alone changes nothing."""
+    cache = tiered(hybrid_spec(), DEVICE, 4 * ONE)
+    serve(cache, seq(0, 10), seq(100, 2))
+    serve(cache, seq(200, 10), seq(300, 2))  # A -> host
+    host = tier(cache)
+    assert not host.clear_walk(cache.tree.walk(seq(200, 12)))  # B is on the device
+    a = host_node(cache, 0)
+    assert host.clear_walk(cache.tree.walk(seq(0, 5)))
+    assert a.parent is None and not cache.root.host_children
+    assert host_memory(cache).held_bytes() == 0
+    cache.check_integrity()
+
+
+class Recorded(HostCopies):
+    """Copies that record each move's sides (page counts)."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, str, int, int]] = []
+
+    def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        self.moves.append(("store", str(ptype), len(device), len(host)))
+
+    def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        self.moves.append(("load", str(ptype), len(host), len(device)))
+
+
+def test_copies_see_every_move_with_equal_sides() -> None:
+    spec = hybrid_spec()
+    cache = PrefixCache(spec, byte_budget(spec, DEVICE), LruEviction(), SpeculativeAdmission())
+    copies = Recorded()
+    cache.attach_host(
+        byte_budget(spec, 4 * ONE), FlopAwareTier(cache.tree.policy, FAST, RATE, 2), copies
+    )
+    serve(cache, seq(0, 10), seq(100, 2))
+    serve(cache, seq(200, 10), seq(300, 2))  # A -> host: its KV and its state
+    assert sorted(m[0] for m in copies.moves) == ["store", "store"]
+    assert sorted(m[2] for m in copies.moves) == [1, 12]
+    copies.moves.clear()
+    serve(cache, seq(0, 10).concat(seq(100, 2)).concat(seq(400, 3)), seq(500, 1))  # A back
+    loads = [m for m in copies.moves if m[0] == "load"]
+    assert sorted(m[2] for m in loads) == [1, 12]
+    assert all(m[2] == m[3] for m in copies.moves), "each move's two sides hold as many pages"
