@@ -89,17 +89,21 @@ class Session:
         extra_buffer: bool = False,
         int8_slots: int = 0,
         radix_sessions: bool = False,
+        host_gb: float = 0.0,
+        host_bw: float = 25.0,
+        kv_size: int = 1024,
     ) -> None:
         """`int8_slots` > 0: `--enable-int8-mamba-checkpoint`, SGLang's int8 checkpoint pool
         of that many slots beside the Mamba pool (the tree's states live there);
-        `radix_sessions`: `--enable-session-radix-cache`."""
+        `radix_sessions`: `--enable-session-radix-cache`; `host_gb` > 0: `--jenga-host-gb`
+        (`host_bw`: `--jenga-host-bw`); `kv_size`: KV slots of the pool."""
         from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
 
         self.sg = sg
         self.extra_buffer = extra_buffer
-        params = _params(True, 1024, extra_buffer=extra_buffer)
+        params = _params(True, kv_size, extra_buffer=extra_buffer)
         params.enable_session_radix_cache = radix_sessions
         self.cache_params = params
         self.pool = params.req_to_token_pool
@@ -112,6 +116,8 @@ class Session:
             JengaOptions(
                 enabled=True,
                 policy=replace(SERVER_POLICY, admission=admission, prompt_end=prompt_end),
+                host_gb=host_gb,
+                host_bw=host_bw,
             ),
         )
         # ScheduleBatch fields `_mamba_radix_cache_v2_req_prepare_for_extend` reads.

@@ -75,12 +75,17 @@ class JengaOptions:
     forward writes them, binding/capture/forward.py) or 'cut' (the chunk ends there and the
     next round goes on, binding/capture/prefill_cut.py); 'cut' is also what models whose state
     layers the in-pass hooks do not cover get.
+    `host_gb` > 0 puts the live host tier under the tree (binding/host/), whose decisions weigh
+    loads over `host_bw` GB/s against recomputing at `prefill_tflops` TFLOP/s.
     """
 
     enabled: bool = False
     policy: PolicyRecord = SERVER_POLICY
     pool: bool = True
     capture: str = "in-pass"
+    host_gb: float = 0.0
+    host_bw: float = 25.0
+    prefill_tflops: float = 494.5
 
 
 def options_of(server_args: Any) -> JengaOptions:
@@ -128,6 +133,22 @@ def parse_ghost_tokens(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"--jenga-ghost-tokens must be >= 0, got {text!r}")
     return value
+
+
+def parse_amount(flag: str, positive: bool) -> Any:
+    """A parser of a float that is >= 0 (> 0 when `positive`) for `flag`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: expected a number, got {text!r}") from None
+        if not (value > 0 if positive else value >= 0) or value == float("inf"):
+            bound = "> 0" if positive else ">= 0"
+            raise argparse.ArgumentTypeError(f"{flag} must be finite and {bound}, got {text!r}")
+        return value
+
+    return parse
 
 
 def add_jenga_args(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +228,30 @@ def add_jenga_args(parser: argparse.ArgumentParser) -> None:
         "forward writes them, no extra round; default for Mamba2-mixer models) or 'cut' (the "
         "chunk ends at each checkpoint: one more prefill round each).",
     )
+    group.add_argument(
+        "--jenga-host-gb",
+        type=parse_amount("--jenga-host-gb", False),
+        default=None,
+        metavar="GB",
+        help="Host memory (GB) for a second tier under the tree: what device eviction would "
+        "drop moves there when its load beats its recompute, and a hit there is loaded back "
+        "(docs/host-tier.md). One budget for KV and states. Default 0: no tier.",
+    )
+    group.add_argument(
+        "--jenga-host-bw",
+        type=parse_amount("--jenga-host-bw", True),
+        default=None,
+        metavar="GB/S",
+        help="Host-device bandwidth the tier's decisions assume (default 25, PCIe 4 x16).",
+    )
+    group.add_argument(
+        "--jenga-prefill-tflops",
+        type=parse_amount("--jenga-prefill-tflops", True),
+        default=None,
+        metavar="TFLOPS",
+        help="Prefill throughput the tier weighs recompute at (default 494.5: an H100's dense "
+        "bf16 peak at 50%% MFU).",
+    )
 
 
 def check_conflicts(args: argparse.Namespace) -> None:
@@ -224,6 +269,9 @@ def check_conflicts(args: argparse.Namespace) -> None:
                 ("jenga_pool", "--[no-]jenga-pool"),
                 ("jenga_ghost_tokens", "--jenga-ghost-tokens"),
                 ("jenga_capture", "--jenga-capture"),
+                ("jenga_host_gb", "--jenga-host-gb"),
+                ("jenga_host_bw", "--jenga-host-bw"),
+                ("jenga_prefill_tflops", "--jenga-prefill-tflops"),
             )
             if getattr(args, attr, None) is not None
         ]
@@ -332,6 +380,9 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
         policy=policy_from_namespace(args),
         pool=getattr(args, "jenga_pool", None) is not False,
         capture=getattr(args, "jenga_capture", None) or "in-pass",
+        host_gb=getattr(args, "jenga_host_gb", None) or 0.0,
+        host_bw=getattr(args, "jenga_host_bw", None) or JengaOptions.host_bw,
+        prefill_tflops=getattr(args, "jenga_prefill_tflops", None) or JengaOptions.prefill_tflops,
     )
 
 

@@ -34,8 +34,8 @@ WITH_JENGA: tuple[Refusal, ...] = (
     Refusal(
         "enable_hierarchical_cache",
         "--enable-hierarchical-cache",
-        "our host-memory tier runs in the simulator only (docs/host-tier.md), and SGLang's "
-        "HiCache moves the nodes of its own UnifiedRadixCache",
+        "SGLang's HiCache moves the nodes of its own UnifiedRadixCache; our tree has its own "
+        "host tier, --jenga-host-gb (docs/host-tier.md)",
     ),
     Refusal(
         "enable_lmcache",

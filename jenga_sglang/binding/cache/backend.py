@@ -54,6 +54,13 @@ from jenga_sglang.binding.cache.policy import build_admission, build_eviction, b
 from jenga_sglang.binding.cache.request_path import RequestPath
 from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.cache.tp_share import share_channel
+from jenga_sglang.binding.host.tier import (
+    admits,
+    attach_live_tier,
+    device_only,
+    host_counters,
+    load_hit,
+)
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
 from jenga_sglang.binding.slots.tree import SlotTree
@@ -102,6 +109,8 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             page=self.page_size,
         )
         self.slot_tree = SlotTree(self.cache, self.slots)
+        self.host = attach_live_tier(self.cache, self.slots, spec, options)  # --jenga-host-gb
+        self.host_hit_tokens = 0  # of `hit_tokens`, loaded from host memory
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
             StateHandOver(
@@ -152,6 +161,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             held_back=self.held_back,
             shared_branches=self.shared_branches,
             unseeded=self.unseeded,
+            **host_counters(self.host, self.host_hit_tokens),
         )
 
     def sync_metrics(self) -> None:
@@ -219,6 +229,12 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             return self._empty()
         namespace = key_namespace(params.key)  # LoRA adapter / cache salt (plans.py)
         found = self.cache.lookup(tokens, namespace)
+        if self.host is not None:  # binding/host/tier.py: load at admission, else device only
+            if admits(params, self.state_type is not None):
+                found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
+                self.host_hit_tokens += loaded
+            else:
+                found = device_only(self.cache, found)
         planned = self._admit(params, found, whole, namespace)  # records the hit, plans
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))

@@ -27,6 +27,11 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
     jenga:hits_unseeded_total           hits not used: no Mamba slot could be freed to copy
                                         the hit's state into (every slot held by running
                                         requests; binding/cache/mamba_state.py)
+    jenga:host_hit_tokens_total         hit tokens loaded back from the host tier
+                                        (--jenga-host-gb; binding/host/)
+    jenga:host_stored_bytes_total       bytes the tier copied device -> host (demotions)
+    jenga:host_loaded_bytes_total       bytes it copied host -> device (load-backs)
+    jenga:pool_bytes{page_type="host ..."}  bytes the tier holds in host memory per type
 
 `sync(snapshot)` turns the backend's cumulative numbers into counter increments (deltas since
 the previous sync), so the backend keeps plain ints on its hot path.
@@ -34,7 +39,7 @@ the previous sync), so the backend keeps plain ints on its hot path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _FAMILIES: dict[str, Any] = {}  # one registration per process, shared by every cache in it
@@ -57,6 +62,10 @@ class Snapshot:
     held_back: int = 0
     shared_branches: int = 0
     unseeded: int = 0
+    host_hit_tokens: int = 0  # of hit_tokens, loaded from the host tier (binding/host/)
+    host_stored_bytes: int = 0
+    host_loaded_bytes: int = 0
+    host_bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # as pool_bytes
 
 
 def _families() -> dict[str, Any]:
@@ -125,6 +134,15 @@ def _families() -> dict[str, Any]:
             "Hits not used: no Mamba slot could be freed to copy the hit's state into",
             names,
         ),
+        host_hit=Counter(
+            "jenga:host_hit_tokens", "Hit tokens loaded back from the host tier", names
+        ),
+        host_stored=Counter(
+            "jenga:host_stored_bytes", "Bytes copied device -> host by the host tier", names
+        ),
+        host_loaded=Counter(
+            "jenga:host_loaded_bytes", "Bytes copied host -> device by the host tier", names
+        ),
     )
     return _FAMILIES
 
@@ -155,11 +173,14 @@ class JengaMetrics:
             ("held_back", now.held_back, last.held_back),
             ("shared_branches", now.shared_branches, last.shared_branches),
             ("unseeded", now.unseeded, last.unseeded),
+            ("host_hit", now.host_hit_tokens, last.host_hit_tokens),
+            ("host_stored", now.host_stored_bytes, last.host_stored_bytes),
+            ("host_loaded", now.host_loaded_bytes, last.host_loaded_bytes),
         ):
             if new > old:
                 fam[key].labels(**lab).inc(new - old)
         fam["alpha"].labels(**lab).set(now.alpha)
         fam["rewriting"].labels(**lab).set(int(now.rewriting))
-        for (ptype, use), nbytes in now.pool_bytes.items():
+        for (ptype, use), nbytes in {**now.pool_bytes, **now.host_bytes}.items():
             fam["pool"].labels(**lab, page_type=ptype, use=use).set(nbytes)
         self._last = now

@@ -33,9 +33,11 @@ victims until that holds; the tree's policy picks them over every page type, so 
 may come from KV leaves and the other way round. Counting freed slots of the short type instead
 would over-evict on a shared pool (a dropped state frees no KV *slots*, but 400 tokens of bytes).
 
-`alloc` serves the offline alpha tuner, which replays a window of requests on a pickled copy of
-the cache: there the copy hands out fresh synthetic ids (never seen by SGLang) within the
-capacity, evicting through the tree like any memory. A copy is detached from the sink.
+`alloc` serves two callers. The live host tier (binding/host/) loads a hit back into slots the
+engine allocates (`allocate`, after making room like any allocation). The offline alpha tuner
+replays a window of requests on a pickled copy of the cache: there the copy hands out fresh
+synthetic ids (never seen by SGLang) within the capacity, evicting through the tree like any
+memory. A copy is detached from the sink and from the engine's allocators.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType, Usage
 
 SlotSink = Callable[[PageType, Ids], None]
 Room = Callable[[PageType], int]  # slots of a type the engine can hand out right now
+Allocate = Callable[[PageType, int], "Ids | None"]  # slots from the engine's allocators
 
 
 class SlotIdMemory(CacheMemory):
@@ -156,6 +159,7 @@ class SlotMemory(SlotIdMemory):
         sink: SlotSink | None,
         shared_bytes: int | None = None,
         room: Room | None = None,
+        allocate: Allocate | None = None,
     ) -> None:
         super().__init__(capacity)
         if set(capacity) != set(page_bytes):
@@ -173,6 +177,7 @@ class SlotMemory(SlotIdMemory):
         self._bytes = dict(page_bytes)
         self._shared = shared_bytes
         self._room = room
+        self._allocate = allocate
         self._sink = sink
         self._next_synthetic = -1
         self.freed_slots = dict.fromkeys(capacity, 0)
@@ -228,10 +233,24 @@ class SlotMemory(SlotIdMemory):
             raise ValueError(f"cannot allocate {count} pages")
         if count > self._capacity[ptype]:
             raise OutOfMemory(f"{ptype}: {count} pages exceed the capacity {self._capacity[ptype]}")
+        if self._allocate is not None:
+            return self._engine_alloc(ptype, count)
         if not self._evict_until(ptype, lambda: self._model_room(ptype) >= count):
             raise OutOfMemory(f"{ptype}: evictor could not make room for {count} pages")
         ids = np.arange(self._next_synthetic, self._next_synthetic - count, -1, dtype=np.int64)
         self._next_synthetic -= count
+        self._take(ptype, ids)
+        return SlotPages(ids)
+
+    def _engine_alloc(self, ptype: PageType, count: int) -> Pages:
+        """`count` slots from the engine's allocator, evicting first as SGLang's own
+        allocation would (used pages of the caller)."""
+        assert self._allocate is not None
+        if not self.make_room(ptype, count):
+            raise OutOfMemory(f"{ptype}: evictor could not make room for {count} slots")
+        ids = self._allocate(ptype, count)
+        if ids is None or len(ids) != count:
+            raise OutOfMemory(f"{ptype}: the engine's allocator did not give {count} slots")
         self._take(ptype, ids)
         return SlotPages(ids)
 
@@ -258,4 +277,5 @@ class SlotMemory(SlotIdMemory):
         state = super().__getstate__()
         state["_sink"] = None  # a copy (tuner replay) must never free SGLang's slots
         state["_room"] = None  # ... nor read SGLang's allocators: it models its own room
+        state["_allocate"] = None  # ... nor take their slots
         return state

@@ -73,7 +73,9 @@ class SglangSlots:
         if paired is not None and self.window is not None:
             shared = int(paired.pool.capacity_bytes)
         self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
-        self.memory = SlotMemory(capacity, page_bytes, self.give_back, shared, self.room)
+        self.memory = SlotMemory(
+            capacity, page_bytes, self.give_back, shared, self.room, self.allocate
+        )
         attach = getattr(self.donor, "attach_tree_states", None)
         state_type = self.state_type
         if callable(attach) and state_type is not None:  # the Jenga pool (pool/shared.py):
@@ -129,6 +131,20 @@ class SglangSlots:
             self.checkpoints.free(index)
         else:
             self.req_to_token_pool.mamba_allocator.free(index)
+
+    def allocate(self, ptype: PageType, count: int) -> Ids | None:
+        """`count` slots of `ptype` from SGLang's allocator (a host hit's load-back); None when
+        it has not that many free. KV and live Mamba slots only: the host tier is refused with
+        sliding windows and int8 checkpoints (binding/host/tier.py)."""
+        if ptype == self.kv_type and self.window is None:
+            got = self.allocator.alloc(count)
+        elif ptype == self.state_type and self.checkpoints is None:
+            if self.donor is not None:
+                self.donor.prepare_mamba_allocation(count)
+            got = self.req_to_token_pool.mamba_allocator.alloc(count)
+        else:
+            raise NotImplementedError(f"allocating {ptype} slots for the tree")
+        return None if got is None else got.reshape(-1).to(torch.int64).cpu().numpy()
 
     def free_states(self, ids: list[int]) -> None:
         """Give Mamba slots the tree never took back to SGLang."""

@@ -67,6 +67,9 @@ class SlotTree:
             raise ValueError(f"state position {bad[0]} outside (0, {len(tokens)}]")
         memory, state_type = self.slots.memory, self.slots.state_type
         walk = self.cache.reach(tokens, start, namespace)
+        host = self.cache.host  # host copies on the path give way to the request's own pages
+        if host is not None and host.clear_walk(walk):
+            walk = self.cache.reach(tokens, start, namespace)
         present = walk.length
         own_from = present if own_from is None else min(own_from, present)
         held = walk.checkpoints()

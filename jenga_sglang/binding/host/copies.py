@@ -1,0 +1,92 @@
+"""The bytes behind the live tier's moves, read from and written to SGLang's own pools.
+
+KV: the full-attention pool's per-layer K and V buffers (`k_buffer`, `v_buffer`: SGLang's
+`MHATokenToKVPool`, or the Jenga pool's views of it), indexed by token slot; a host block
+keeps one tensor per buffer with a row per token, so a split host node loads any run of its
+rows. States: SGLang's `MambaPool.get_cpu_copy` / `load_cpu_copy` (the offload pair its
+retraction uses), on physical slot ids (`translate_mamba_indices`).
+
+Synchronous: a demotion copies on the scheduler thread before the device slots are freed, and
+a load-back before the request's match returns. On a GPU that puts both on the critical path;
+SGLang's HiCache overlaps them (a write stream, layer-by-layer loads): docs/host-tier.md.
+
+A pickled copy (the alpha tuner's replay) becomes `DetachedCopies`: it moves no bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from jenga_sglang.binding.host.memory import HostSlotMemory
+from jenga_sglang.binding.slots.ids import page_ids
+from jenga_sglang.radix.host import HostCopies
+from jenga_sglang.radix.pages import PageKind, Pages, PageType
+
+
+class DetachedCopies(HostCopies):
+    """A tuner replay's copies: the decisions are replayed, no byte moves."""
+
+    def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        pass
+
+    def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        pass
+
+
+class SglangHostCopies(HostCopies):
+    """Copies between SGLang's device pools and `memory`."""
+
+    def __init__(self, kvcache: Any, req_to_token_pool: Any, memory: HostSlotMemory) -> None:
+        pool = getattr(kvcache, "full_kv_pool", kvcache)  # a hybrid model's attention pool
+        if not hasattr(pool, "k_buffer") or not hasattr(pool, "v_buffer"):
+            raise NotImplementedError(
+                f"--jenga-host-gb: the KV pool {type(pool).__name__} has no per-layer K and V "
+                "buffers to copy (MLA and other layouts are not served by the host tier)"
+            )
+        self._buffers: list[torch.Tensor] = [*pool.k_buffer, *pool.v_buffer]
+        self._device = self._buffers[0].device
+        self._req_pool = req_to_token_pool
+        self.memory = memory
+        self.stored_bytes = 0  # device -> host, KV rows and state copies, cumulative
+        self.loaded_bytes = 0  # host -> device
+
+    def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        index = self._index(device)
+        if ptype.kind is PageKind.KV:
+            data: Any = [buffer[index].to("cpu") for buffer in self._buffers]
+        else:
+            pool = self._req_pool
+            data = pool.mamba_pool.get_cpu_copy(pool.translate_mamba_indices(index))
+        self.stored_bytes += _nbytes(data)
+        self.memory.put(ptype, host, data)
+
+    def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        data, rows = self.memory.rows(ptype, host)
+        index = self._index(device)
+        if ptype.kind is PageKind.KV:
+            picked = torch.from_numpy(rows)
+            for buffer, saved in zip(self._buffers, data, strict=True):
+                rows_of = saved[picked]
+                buffer[index] = rows_of.to(self._device)
+                self.loaded_bytes += rows_of.numel() * rows_of.element_size()
+            return
+        pool = self._req_pool
+        pool.mamba_pool.load_cpu_copy(data, pool.translate_mamba_indices(index))
+        self.loaded_bytes += _nbytes(data)
+
+    def _index(self, pages: Pages) -> torch.Tensor:
+        return torch.from_numpy(page_ids(pages)).to(self._device)
+
+    def __reduce__(self) -> tuple[type[DetachedCopies], tuple[()]]:
+        return DetachedCopies, ()
+
+
+def _nbytes(data: Any) -> int:
+    """Bytes of the tensors in `data` (nested lists and tuples of them)."""
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    if isinstance(data, (list, tuple)):
+        return sum(_nbytes(item) for item in data)
+    return 0

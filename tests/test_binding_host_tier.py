@@ -1,0 +1,198 @@
+"""The live host tier (`--jenga-host-gb`) on SGLang's real CPU pools, driven as the scheduler
+drives a request (tests/mamba_session.py): a small Mamba pool pushes a session's checkpoint out
+of the device, the tier moves it (with its KV) to host memory, and the session's next turn is
+admitted with the hit loaded back into fresh device slots, bytes equal to what was demoted.
+
+The emulated forward writes each state as a recurrence of its prefix (h <- h / 2 + t), and the
+KV writes here put each token's id into every layer's K and V rows, so equal bytes after the
+round trip mean the right prefix's state and the right tokens' KV, not merely some bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from jenga_sglang.binding.host.copies import DetachedCopies, SglangHostCopies
+from jenga_sglang.binding.host.memory import HostSlotMemory
+from jenga_sglang.binding.options import JengaOptions
+from jenga_sglang.radix.pages import OutOfMemory
+from tests.mamba_session import Session, expected, load_sg, tokens
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def sg() -> Any:
+    return load_sg()
+
+
+class KvSession(Session):
+    """A session whose KV writes put each token's id into its slots, every layer."""
+
+    def _alloc_kv(self, req: Any, start: int, end: int) -> None:
+        super()._alloc_kv(req, start, end)
+        loc = self.pool.req_to_token[req.kv.req_pool_idx, start:end].to(self.sg.torch.int64)
+        ids = list(req.origin_input_ids) + list(req.output_ids)
+        values = self.sg.torch.tensor([float(ids[i]) for i in range(start, min(end, len(ids)))])
+        for buffer in kv_buffers(self):
+            buffer[loc[: len(values)]] = values.to(buffer.dtype)[:, None, None]
+
+    def kv_at(self, req: Any, stop: int) -> list[float]:
+        """Token ids the K rows of the request's hit [0, stop) hold, as the scheduler reads
+        its prefix slots off the tree (`prefix_device_indices`), the same in every layer."""
+        loc = self.cache.path_device_indices(req.last_node, 0, stop).to(self.sg.torch.int64)
+        assert len(loc) == stop
+        rows = kv_buffers(self)[0][loc]
+        for buffer in kv_buffers(self)[1:]:
+            assert bool((buffer[loc] == rows).all()), "layers disagree"
+        return [float(v) for v in rows[:, 0, 0]]
+
+
+def kv_buffers(s: Session) -> list[Any]:
+    pool = s.alloc.get_kvcache().full_kv_pool
+    return [*pool.k_buffer, *pool.v_buffer]
+
+
+def tiered(sg: Any, **fields: Any) -> KvSession:
+    """A session with 50 GB of host memory over a 100 GB/s link: Nemotron-H-8B's 102 MB
+    checkpoint at 100 tokens then loads faster than it recomputes at the default 494.5
+    TFLOP/s (1.0 against 3.2 ms; at 25 GB/s it would not, and would be dropped), and 300 KV
+    slots, so KV is evicted too."""
+    return KvSession(
+        sg, admission="jenga", prompt_end=True, host_gb=50.0, host_bw=100.0, kv_size=300, **fields
+    )
+
+
+def fill_with_others(s: Session, count: int) -> None:
+    """Serve `count` unrelated requests (their own token bases): each leaves a state behind."""
+    for k in range(count):
+        s.serve(tokens(0, 40, base=20 + 5 * k), tokens(1, 4, base=20 + 5 * k))
+
+
+def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
+    s = tiered(sg)
+    host = s.cache.host
+    assert host is not None
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    history = first_in + first_out
+    fill_with_others(s, 8)  # six Mamba slots: the first session's state must leave the device
+    s.cache.sanity_check()
+    assert host.demoted_nodes + host.demoted_states > 0
+    assert not any(n.state is not None for n in s.cache.cache.tree.nodes() if n.end == 105)
+    assert s.cache.host_hit_tokens == 0
+    req = s.admit(history + tokens(5, 12), 4)
+    hit = int(req.prefix_len)
+    assert hit >= 100  # the prompt-end state at 100, or the decoded end at 105
+    assert s.cache.host_hit_tokens > 0
+    src = req.kv.mamba_cow_src_index
+    assert src is not None and s.read(int(src[0])) == expected(sg, history[:hit])
+    assert s.kv_at(req, hit) == [float(t) for t in history[:hit]]
+    snap = s.cache.snapshot()
+    assert snap.host_hit_tokens == s.cache.host_hit_tokens
+    assert snap.host_loaded_bytes > 0 and snap.host_stored_bytes >= snap.host_loaded_bytes
+    s.prefill(req, 7)
+    s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
+    s.cache.sanity_check()
+    s.slots_balance()
+
+
+def test_without_the_flag_the_same_turn_misses(sg: Any) -> None:
+    """The baseline of the test above: the same load with no tier recomputes the session."""
+    s = KvSession(sg, admission="jenga", prompt_end=True, kv_size=300)
+    assert s.cache.host is None
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    hit, _ = s.serve(first_in + first_out + tokens(5, 20), [1, 2])
+    assert hit == 0
+
+
+def test_a_waiting_requests_probe_loads_nothing(sg: Any) -> None:
+    """The scheduler's priority probes (cow_mamba off) see the device hit and move nothing."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    s = tiered(sg)
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    host = s.cache.host
+    assert host is not None
+    on_host = len(host.host_nodes())
+    probe = s.cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(first_in + first_out), cow_mamba=False, req=None)
+    )
+    assert probe.device_prefix_len == 0 and len(host.host_nodes()) == on_host
+    assert s.cache.host_hit_tokens == 0
+
+
+def test_host_memory_reuses_ids_and_frees_bytes_with_their_last_id() -> None:
+    from jenga_sglang.radix.pages import PageKind, PageType
+
+    kv, state = PageType(PageKind.KV, 0), PageType(PageKind.STATE, 1)
+    memory = HostSlotMemory(1000, {kv: 10, state: 300})
+    pages = memory.alloc(kv, 4, 0)
+    memory.put(kv, pages, ["rows"])
+    memory.mark_evictable(kv, pages)
+    head, tail = pages.split(1)
+    data, rows = memory.rows(kv, tail)
+    assert data == ["rows"] and rows.tolist() == [1, 2, 3]
+    memory.free_evictable(kv, head)
+    memory.check_integrity()
+    memory.free_evictable(kv, tail)
+    memory.check_integrity()
+    assert memory.held_bytes() == 0 and not memory._blocks
+    again = memory.alloc(kv, 2, 0)
+    assert set(again.ids()) <= {0, 1, 2, 3}  # freed ids come back
+    with pytest.raises(OutOfMemory, match="exceed"):
+        memory.alloc(state, 4, 0)  # 1,200 bytes in a 1,000-byte budget
+    memory.put(kv, again, ["more"])
+    copy = pickle.loads(pickle.dumps(memory))
+    assert copy.detached and copy.held(kv) == 2
+    copy.check_integrity()
+    with pytest.raises(RuntimeError, match="detached"):
+        copy.rows(kv, again)
+
+
+def test_a_pickled_cache_replays_the_tier_without_bytes(sg: Any) -> None:
+    """The alpha tuner's copy: the tier's decisions, none of SGLang's pools or host bytes."""
+    s = tiered(sg)
+    s.serve(tokens(0, 100), tokens(3, 6))
+    fill_with_others(s, 8)
+    host = s.cache.host
+    assert host is not None and isinstance(host.copies, SglangHostCopies)
+    copy = pickle.loads(pickle.dumps(s.cache.cache))
+    assert isinstance(copy.tree.host.copies, DetachedCopies)
+    assert copy.tree.host.memory.detached
+    copy.check_integrity()
+
+
+def test_refused_beside_int8_checkpoints(sg: Any) -> None:
+    with pytest.raises(NotImplementedError, match="--jenga-host-gb conflicts with --enable-int8"):
+        Session(sg, int8_slots=8, host_gb=1.0)
+
+
+def test_options_parse_the_host_flags() -> None:
+    import argparse
+
+    from jenga_sglang.binding.options import (
+        JengaFlagError,
+        add_jenga_args,
+        check_conflicts,
+        options_from_namespace,
+    )
+
+    parser = argparse.ArgumentParser()
+    add_jenga_args(parser)
+    args = parser.parse_args(["--enable-jenga", "--jenga-host-gb", "32", "--jenga-host-bw", "50"])
+    options = options_from_namespace(args)
+    assert (options.host_gb, options.host_bw) == (32.0, 50.0)
+    assert options.prefill_tflops == JengaOptions.prefill_tflops
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--enable-jenga", "--jenga-host-bw", "0"])
+    with pytest.raises(JengaFlagError, match="--jenga-host-gb given without --enable-jenga"):
+        check_conflicts(parser.parse_args(["--jenga-host-gb", "4"]))
