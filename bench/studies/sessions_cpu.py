@@ -1,7 +1,7 @@
 """`make sessions-cpu`: SGLang's session radix cache against our agent path, on CPU.
 
     python -m jenga_sglang.bench.studies.sessions_cpu [--sessions 8] [--max-requests 40]
-        [--concurrency 4] [--max-total-tokens 4096] [--out out/sessions]
+        [--concurrency 4] [--max-total-tokens 4096] [--server-flags '...'] [--out out/sessions]
 
 SGLang's session radix cache pins each open session's last paths in the tree until the session
 closes; our tree keeps every prompt end's state anyway (`--jenga-prompt-end`), weighed by the
@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),
     # not in the default set: the same on LRU eviction (bench/RESULTS.md "Serving: sessions")
     "jenga-no-pool-lru": ("--enable-jenga", "--no-jenga-pool", "--jenga-eviction", "lru"),
+    # the live host tier (binding/host/, issue #29), weighed at this CPU's rates: memcpy at
+    # about 5 GB/s, and the tiny model's prefill (0.2-0.3 MFLOP a token) at 35-80 tokens/s
+    # under the interpreter: about 1e-5 TFLOP/s
+    "jenga-host": (
+        "--enable-jenga",
+        "--jenga-host-gb",
+        "1",
+        "--jenga-host-bw",
+        "5",
+        "--jenga-prefill-tflops",
+        "0.00001",
+        "--enable-metrics",
+    ),
 }
 DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 
@@ -62,9 +77,30 @@ def serve_sessions(
     """One server: the session replay's summary (without per-request records) and rounds."""
     with LocalServer(model, flags, log=log) as server:
         summary = run_online(str(trace), dataclasses.replace(config, url=server.url))
+        tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
     brief = {k: v for k, v in summary.items() if k not in ("records", "per_turn")}
+    brief.update(tier)
     brief["prefill_rounds"] = prefill_rounds(log.read_text(errors="replace"))
     return brief
+
+
+def host_metrics(url: str) -> dict[str, float]:
+    """The host tier's counters from the server's /metrics (binding/cache/metrics.py), summed
+    over ranks: hit tokens loaded from host, bytes stored and loaded."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    wanted = (
+        "jenga:host_hit_tokens_total",
+        "jenga:host_stored_bytes_total",
+        "jenga:host_loaded_bytes_total",
+        "jenga:hit_tokens_total",
+    )
+    out = dict.fromkeys((w.removeprefix("jenga:") for w in wanted), 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out[name.removeprefix("jenga:")] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def run_study(
@@ -74,9 +110,10 @@ def run_study(
     sessions: int,
     max_total_tokens: int,
     variants: Sequence[str] = DEFAULT_VARIANTS,
+    server_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
     trace = small_agent_trace(out / "traces", sessions)
-    budget = ("--max-total-tokens", str(max_total_tokens))
+    budget = ("--max-total-tokens", str(max_total_tokens), *server_flags)
     runs = {
         name: serve_sessions(
             model, (*budget, *VARIANTS[name]), trace, config, out / f"server-{name}.log"
@@ -90,6 +127,7 @@ def run_study(
         "model": model,
         "trace": str(trace),
         "max_total_tokens": max_total_tokens,
+        "server_flags": list(server_flags),
         "client": {k: v for k, v in dataclasses.asdict(config).items() if k != "url"},
         **runs,
     }
@@ -104,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-total-tokens", type=int, default=4096, help="KV budget of every server, tokens"
     )
     parser.add_argument(
+        "--server-flags",
+        default="",
+        help="more SGLang flags for every server alike, e.g. "
+        "--server-flags='--max-mamba-cache-size 24'",
+    )
+    parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
         help=f"servers, comma-separated, of {', '.join(VARIANTS)} (replies compare to the first)",
@@ -115,7 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants, config = setup
     out = Path(args.out)
     try:
-        summary = run_study(args.model, out, config, args.sessions, args.max_total_tokens, variants)
+        summary = run_study(
+            args.model,
+            out,
+            config,
+            args.sessions,
+            args.max_total_tokens,
+            variants,
+            shlex.split(args.server_flags),
+        )
     except ServerError as exc:
         print(f"sessions-cpu: error: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,53 @@
+"""End to end on CPU: the live host tier (`--jenga-host-gb`) in SGLang's real scheduler, against
+stock SGLang with the same flags (the tiny NemotronH of tests/test_e2e_server.py).
+
+Both servers get a device budget too small for what they are sent (`--max-total-tokens 320
+--max-mamba-cache-size 6`). One request at a time through /generate: a 200-token prompt, then
+three other 200-token prompts that push it out of the device, then the first prompt's second
+turn (its prompt, the reply, a new message), then one of the others' second turn. Stock has
+dropped the first session by then; ours moved it to host memory and loads it back, so its
+second turn is a hit that the server reports as cached tokens and our metrics count as loaded
+from host. The greedy outputs must equal stock's (a loaded state or KV that differed from the
+demoted one would change them), and SGLang's strict idle leak check runs after every request.
+The tier's rates are this CPU's (bench/studies/sessions_cpu.py `jenga-host`). About 2-3 minutes
+on 2 cores, most of it the two starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies.sessions_cpu import VARIANTS, host_metrics
+from tests.test_e2e_namespaces import MESSAGE, PROMPT, Reply, generate
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+BUDGET = ["--max-total-tokens", "320", "--max-mamba-cache-size", "6"]
+OTHERS = [[30 + (13 * i + 5 * k) % 280 for i in range(200)] for k in range(1, 4)]
+
+
+def serve(model: Path, flags: list[str], log: Path) -> tuple[list[Reply], dict[str, float]]:
+    with LocalServer(str(model), [*BUDGET, *flags], log=log, ready_timeout_s=420) as server:
+        first = generate(server.url, PROMPT, None)
+        others = [generate(server.url, ids, None) for ids in OTHERS]
+        again = generate(server.url, PROMPT + first.output + MESSAGE, None)
+        other_again = generate(server.url, OTHERS[0] + others[0].output + MESSAGE[:8], None)
+        tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
+    return [first, *others, again, other_again], tier
+
+
+def test_host_tier_serves_an_evicted_session_as_stock_would(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    stock, _ = serve(tiny_model, [], tmp_path / "stock.log")
+    jenga, tier = serve(tiny_model, list(VARIANTS["jenga-host"]), tmp_path / "jenga.log")
+    print(json.dumps({"stock": stock, "jenga": jenga, "tier": tier}))  # the RESULTS numbers
+    assert "impl=JengaRadixCache" in (tmp_path / "jenga.log").read_text(errors="replace")
+    assert [r.output for r in jenga] == [r.output for r in stock]
+    assert jenga[4].cached >= 200 > stock[4].cached  # the first session, back from host
+    assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0
+    assert tier["host_stored_bytes_total"] >= tier["host_loaded_bytes_total"]
