@@ -37,7 +37,12 @@ def add_overhead_parser(subparsers: Any) -> argparse.ArgumentParser:
         "overhead",
         help="scheduler CPU per request: our cache vs SGLang's, same SGLang calls and stream",
     )
-    p.add_argument("--caches", type=names, default=list(CACHES), help="jenga,sglang-native")
+    p.add_argument(
+        "--caches",
+        type=names,
+        default=["jenga", "sglang-native"],
+        help=f"of {', '.join(CACHES)} (jenga-host: ours with the live host tier on)",
+    )
     p.add_argument("--nodes", type=_ints, default=[10_000, 100_000], help="tree sizes")
     p.add_argument("--prompt-tokens", type=_ints, default=[1024, 32768, 131072])
     p.add_argument("--running", type=int, default=256, help="requests in flight")

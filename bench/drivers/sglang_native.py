@@ -58,6 +58,7 @@ class SglangNativeCache:
         tree: str = "sglang",
         max_running: int = 1,
         policy: PolicyRecord | None = None,
+        host_gb: float = 0.0,
     ) -> None:
         if chunk_tokens < MAMBA_CHUNK:
             raise ValueError(f"chunk_tokens must be >= {MAMBA_CHUNK}, got {chunk_tokens}")
@@ -80,7 +81,7 @@ class SglangNativeCache:
         self.allocator = pools.allocator
         self._rid = 0
         self.tree_cache = _radix_cache(
-            self.req_pool, self.allocator, spec, tree, self.extra_buffer, policy
+            self.req_pool, self.allocator, spec, tree, self.extra_buffer, policy, host_gb
         )
         # What ScheduleBatch reads when it picks the tracked state of a prefill chunk.
         self._batch = SimpleNamespace(
@@ -207,9 +208,10 @@ def _radix_cache(
     tree: str,
     extra_buffer: bool,
     policy: PolicyRecord | None = None,
+    host_gb: float = 0.0,
 ) -> Any:
     """SGLang's UnifiedRadixCache, or (`tree="jenga"`) our backend behind the same contract,
-    running `policy` (default: the `jenga` bundle)."""
+    running `policy` (default: the `jenga` bundle), over a live host tier of `host_gb`."""
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -231,7 +233,7 @@ def _radix_cache(
 
         # A bundle as the pure replay runs it (traces resend replies verbatim: no prompt-end
         # state unless the bundle keeps one), not the server's default.
-        options = JengaOptions(enabled=True, policy=policy or bundle("jenga"))
+        options = JengaOptions(enabled=True, policy=policy or bundle("jenga"), host_gb=host_gb)
         return JengaRadixCache(init, spec, options)
     return UnifiedRadixCache(params=init)
 

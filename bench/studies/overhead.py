@@ -42,7 +42,10 @@ from typing import Any
 
 import numpy as np
 
-CACHES = ("jenga", "sglang-native")
+#: "jenga-host": ours with the live host tier on (`--jenga-host-gb`, 4x the device budget);
+#: nothing is evicted while measuring, so this is what the tier's bookkeeping adds to a request
+CACHES = ("jenga", "sglang-native", "jenga-host")
+HOST_RATIO = 4
 NEW_TOKENS = 1024  # tokens each measured request adds past the shared context
 GROUP = 64  # warm-up requests per group head
 HEAD, TAIL = 16, 16  # warm-up request: group head + own tail
@@ -132,9 +135,10 @@ def build_cache(cache: str, nodes: int, max_prompt: int, running: int, requests:
     kv, states = _capacity(nodes, max_prompt, requests)
     per_token, slot = spec.kv_bytes_per_token, spec.state_bytes
     split = SglangSplit(kv * per_token + states * slot, kv, states, per_token, slot)
-    tree = "jenga" if cache == "jenga" else "sglang"
+    tree = "sglang" if cache == "sglang-native" else "jenga"
+    host_gb = HOST_RATIO * split.budget_bytes / 1e9 if cache == "jenga-host" else 0.0
     return SglangNativeCache(spec, split, max_prompt + 8, CHUNK_TOKENS, tree=tree,
-                             max_running=running + 1)  # fmt: skip
+                             max_running=running + 1, host_gb=host_gb)  # fmt: skip
 
 
 def warm(native: Any, nodes: int, seed: int, tick: Callable[[], None]) -> None:
