@@ -73,6 +73,9 @@ def test_flags_in_help(tmp_path: Path) -> None:
         "--no-jenga-prompt-end",
         "--no-jenga-pool",
         "--jenga-ghost-tokens",
+        "--jenga-host-gb",
+        "--jenga-host-bw",
+        "--jenga-prefill-tflops",
     )
     for flag in (*flags, *others):
         assert flag in text
@@ -86,7 +89,8 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, policy=PolicyRecord(admission='jenga', "
         "eviction='flop-aware', alpha=0.5, tuner='sliding', prompt_end=False, ghost_tokens=1000, "
-        "lock_prefix=True), pool=True, capture='in-pass')\", "
+        "lock_prefix=True), pool=True, capture='in-pass', host_gb=0.0, host_bw=25.0, "
+        "prefill_tflops=494.5)\", "
         "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text
