@@ -59,7 +59,7 @@ def kv_buffers(s: Session) -> list[Any]:
 def tiered(sg: Any, **fields: Any) -> KvSession:
     """A session with 50 GB of host memory over a 100 GB/s link: Nemotron-H-8B's 102 MB
     checkpoint at 100 tokens then loads faster than it recomputes at the default 494.5
-    TFLOP/s (1.0 against 3.2 ms; at 25 GB/s it would not, and would be dropped), and 300 KV
+    TFLOP/s (1.0 against 2.9 ms; at 25 GB/s, 4.1 ms, it would not, and would be dropped), and 300 KV
     slots, so KV is evicted too."""
     return KvSession(
         sg, admission="jenga", prompt_end=True, host_gb=50.0, host_bw=100.0, kv_size=300, **fields
