@@ -90,7 +90,7 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
         "CHILD ('jenga', \"JengaOptions(enabled=True, policy=PolicyRecord(admission='jenga', "
         "eviction='flop-aware', alpha=0.5, tuner='sliding', prompt_end=False, ghost_tokens=1000, "
         "lock_prefix=True), pool=True, capture='in-pass', host_gb=0.0, host_bw=25.0, "
-        "prefill_tflops=494.5)\", "
+        'prefill_tflops=494.5)", '
         "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
     ) in text

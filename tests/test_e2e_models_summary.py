@@ -98,9 +98,9 @@ def test_counters_sum_our_series_from_the_metrics_text(monkeypatch: Any) -> None
         def __exit__(self, *exc: object) -> None:
             self.close()
 
-    monkeypatch.setattr(
-        e2e_models.urllib.request, "urlopen", lambda url, timeout: Reply(text.encode())
-    )
+    from jenga_sglang.bench.drivers import server  # its scraper reads /metrics
+
+    monkeypatch.setattr(server.urllib.request, "urlopen", lambda url, timeout: Reply(text.encode()))
     got = e2e_models.counters("http://127.0.0.1:1")
     assert got == {"inpass_captures": 7.0, "inpass_captures_lost": 0.0, "prefill_cuts": 3.0}
 

@@ -119,3 +119,16 @@ class LocalServer(LoopbackProcess):
                 return bool(reply.status == 200)
         except (urllib.error.URLError, OSError):
             return False
+
+
+def scrape_counters(url: str, names: Mapping[str, str]) -> dict[str, float]:
+    """Counters off the server's Prometheus text at `url`/metrics, by key of `names` (key ->
+    sample name), each summed over its label sets (ranks); 0 where absent."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        for key, name in names.items():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out

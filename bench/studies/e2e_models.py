@@ -35,13 +35,12 @@ import random
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from jenga_sglang.bench.drivers.faults import generate
-from jenga_sglang.bench.drivers.server import LocalServer, ServerError
+from jenga_sglang.bench.drivers.server import LocalServer, ServerError, scrape_counters
 from jenga_sglang.bench.drivers.tiny_families import FAMILIES, family_config
 from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
 from jenga_sglang.models import spec_from_hf_config
@@ -102,14 +101,7 @@ def replay(url: str, seed: int = 0) -> dict[str, dict[str, Any]]:
 
 def counters(url: str) -> dict[str, float]:
     """Our counters from the server's Prometheus text (summed over label sets; 0 if absent)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        for key, name in COUNTERS.items():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                out[key] += float(line.rsplit(" ", 1)[1])
-    return out
+    return scrape_counters(url, COUNTERS)
 
 
 def _first_error(log: Path) -> str:

@@ -29,12 +29,11 @@ import dataclasses
 import json
 import shlex
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench.drivers.server import LocalServer, ServerError
+from jenga_sglang.bench.drivers.server import LocalServer, ServerError, scrape_counters
 from jenga_sglang.bench.studies.e2e_cpu import (
     add_replay_args,
     prefill_rounds,
@@ -68,6 +67,16 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "--enable-metrics",
     ),
 }
+#: What `host_metrics` reads, by the key it reports.
+HOST_COUNTERS = {
+    name: f"jenga:{name}"
+    for name in (
+        "host_hit_tokens_total",
+        "host_stored_bytes_total",
+        "host_loaded_bytes_total",
+        "hit_tokens_total",
+    )
+}
 DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 
 
@@ -86,21 +95,8 @@ def serve_sessions(
 
 def host_metrics(url: str) -> dict[str, float]:
     """The host tier's counters from the server's /metrics (binding/cache/metrics.py), summed
-    over ranks: hit tokens loaded from host, bytes stored and loaded."""
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as reply:
-        text = reply.read().decode()
-    wanted = (
-        "jenga:host_hit_tokens_total",
-        "jenga:host_stored_bytes_total",
-        "jenga:host_loaded_bytes_total",
-        "jenga:hit_tokens_total",
-    )
-    out = dict.fromkeys((w.removeprefix("jenga:") for w in wanted), 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            out[name.removeprefix("jenga:")] += float(line.rsplit(" ", 1)[1])
-    return out
+    over ranks: hit tokens loaded from host, bytes stored and loaded, and all hit tokens."""
+    return scrape_counters(url, HOST_COUNTERS)
 
 
 def run_study(
