@@ -62,19 +62,12 @@ class SglangUnifiedMemory(SlotIdMemory):
 
     # ------------------------------------------------------------------ sizes
 
-    @property
-    def page_types(self) -> tuple[PageType, ...]:
-        return (self.kv_type, self.state_type)
-
     def page_bytes(self, ptype: PageType) -> int:
         return int(self._ends[ptype].entry_bytes)
 
     @property
     def capacity_bytes(self) -> int:
         return int(self._buffer.total_bytes)
-
-    def held_bytes(self) -> int:
-        return sum(self.held(t) * self.page_bytes(t) for t in self._ends)
 
     def room(self, ptype: PageType) -> int:
         """Pages of `ptype` SGLang can allocate now (compacting the other end if it must)."""

@@ -58,19 +58,12 @@ class HostSlotMemory(SlotIdMemory):
 
     # ------------------------------------------------------------------ CacheMemory
 
-    @property
-    def page_types(self) -> tuple[PageType, ...]:
-        return tuple(self._bytes)
-
     def page_bytes(self, ptype: PageType) -> int:
         return self._bytes[ptype]
 
     @property
     def capacity_bytes(self) -> int:
         return self._capacity
-
-    def held_bytes(self) -> int:
-        return sum(self.held(t) * size for t, size in self._bytes.items())
 
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:

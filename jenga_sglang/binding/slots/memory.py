@@ -77,6 +77,13 @@ class SlotIdMemory(CacheMemory):
         self._held: dict[PageType, HeldIds] = {t: HeldIds() for t in page_types}
         self._evictable: dict[PageType, int] = dict.fromkeys(self._held, 0)
 
+    @property
+    def page_types(self) -> tuple[PageType, ...]:
+        return tuple(self._held)
+
+    def held_bytes(self) -> int:
+        return sum(self.held(t) * self.page_bytes(t) for t in self._held)
+
     def held(self, ptype: PageType) -> int:
         return len(self._held[ptype])
 
@@ -212,10 +219,6 @@ class SlotMemory(SlotIdMemory):
 
     # ------------------------------------------------------------------ CacheMemory
 
-    @property
-    def page_types(self) -> tuple[PageType, ...]:
-        return tuple(self._capacity)
-
     def page_bytes(self, ptype: PageType) -> int:
         return self._bytes[ptype]
 
@@ -224,9 +227,6 @@ class SlotMemory(SlotIdMemory):
         if self._shared is not None:
             return self._shared
         return sum(n * self._bytes[t] for t, n in self._capacity.items())
-
-    def held_bytes(self) -> int:
-        return sum(self.held(t) * self._bytes[t] for t in self._capacity)
 
     def alloc(self, ptype: PageType, count: int, owner: int) -> Pages:
         if count < 0:
