@@ -50,15 +50,22 @@ def _child(pidfile: Path) -> int:
 def test_stop_takes_the_children_even_when_the_launcher_is_gone(
     tmp_path: Path, launcher_exits: bool
 ) -> None:
-    pidfile = tmp_path / "child.pid"
-    tail = "exit 0" if launcher_exits else "wait"
+    pidfile, go = tmp_path / "child.pid", tmp_path / "go"
+    # The launcher exits only once told to (bounded: 10 s), after the probe is ready: exiting
+    # before the readiness poll is a start-up failure, which another test covers.
+    tail = (
+        f"for _ in $(seq 100); do [ -e {go} ] && exit 0; sleep 0.1; done"
+        if launcher_exits
+        else "wait"
+    )
     probe = _Probe(f"sleep 300 & echo $! > {pidfile}; {tail}", tmp_path / "log")
     with probe:
         child = _child(pidfile)
         assert _running(child)
         if launcher_exits:
+            go.touch()
             assert probe._proc is not None
-            probe._proc.wait(timeout=5)
+            assert probe._proc.wait(timeout=5) == 0
     assert probe.pid is None
     assert _gone(child)
 
@@ -70,3 +77,12 @@ def test_a_process_that_never_gets_ready_is_stopped_and_quoted(tmp_path: Path) -
         probe.__enter__()
     assert probe.pid is None
     assert _gone(_child(pidfile))
+
+
+def test_a_launcher_that_exits_before_ready_is_reported_with_its_log(tmp_path: Path) -> None:
+    probe = _Probe("echo bad flag; exit 3", tmp_path / "log", ready=False)
+    with pytest.raises(
+        ServerError, match=r"probe exited with 3 before it was ready(.|\n)*bad flag"
+    ):
+        probe.__enter__()
+    assert probe.pid is None
