@@ -131,3 +131,37 @@ def test_admitted_requests_always_find_their_states(
         shared.check_integrity()
     while len(engine.requests) < RUNNING:  # fill up to the limit at the end, whatever KV took
         engine.admit()
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(4, 9), st.data())
+def test_kv_room_freeing_is_the_room_freeing_them_makes(
+    steps: list[tuple[str, int]], pages: int, data: st.DataObject
+) -> None:
+    """`kv_room_freeing(ids)` moves nothing and equals `room(KV)` once those tree states are
+    freed, whatever the layout: two states share a large page, so a state frees KV only where
+    its large page empties, and the reserve may close what does."""
+    shared = _shared(pages, RUNNING * PER_REQUEST)
+    engine = Engine(shared)
+    for op, n in steps:
+        engine.step(op, n)
+    gone = data.draw(st.lists(st.sampled_from(engine.tree), unique=True)) if engine.tree else []
+    before = shared.pool.snapshot()
+    predicted = shared.kv_room_freeing(gone)
+    assert shared.pool.snapshot() == before
+    for state in gone:
+        engine.tree.remove(state)
+    shared.free(STATE, gone)
+    assert shared.room(KV) == predicted
+
+
+def test_kv_room_freeing_refuses_a_state_not_allocated() -> None:
+    shared = _shared(4, 2)
+    held = shared.alloc(STATE, 1)
+    assert held is not None
+    try:
+        shared.kv_room_freeing([held[0] + 1])  # its large page's other, empty, state page
+    except ValueError as exc:
+        assert "not held" in str(exc)
+    else:
+        raise AssertionError("an empty state page was counted as freeable")

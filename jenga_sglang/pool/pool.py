@@ -32,6 +32,8 @@ remainder below one large page. Every hot path is O(1) amortised per page.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from jenga_sglang.pool.bookkeeping import EMPTY, EVICTABLE, FREE, STATE_NAMES, USED, Books
 from jenga_sglang.pool.sizing import PoolGeometry
 from jenga_sglang.radix.memory import CacheMemory
@@ -141,6 +143,29 @@ class JengaPool(CacheMemory):
     def empty_pages(self, ptype: PageType) -> int:
         """Empty small pages of `ptype` inside large pages carved as it (no carving needed)."""
         return self._count[self._k(ptype)][EMPTY]
+
+    def release_outcome(self, ptype: PageType, pages: Iterable[int]) -> tuple[int, int]:
+        """What freeing `pages` (distinct, held pages of `ptype`) would do, with nothing moved:
+        (large pages that would return to the free list, the change in `empty_pages(ptype)`:
+        freed pages staying empty in large pages still carved, less the empty pages of those
+        that return whole). O(len(pages))."""
+        k = self._k(ptype)
+        per, counts = self._per[k], self._lp_count
+        freed: dict[int, int] = {}
+        for page in pages:
+            self._check_range(k, page)
+            if self._state[k][page] == EMPTY or self._lp_type[page // per] != k:
+                raise ValueError(f"{ptype} page {page} is not held ({self._describe(k, page)})")
+            lp = page // per
+            freed[lp] = freed.get(lp, 0) + 1
+        whole = empty = 0
+        for lp, n in freed.items():
+            if n == per - counts[lp][EMPTY]:  # its last held pages: the large page is free
+                whole += 1
+                empty -= counts[lp][EMPTY]
+            else:
+                empty += n
+        return whole, empty
 
     def snapshot(self) -> tuple[object, ...]:
         """Every page's state, type and owner: equal snapshots mean equal allocator states."""

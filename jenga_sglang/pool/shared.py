@@ -30,7 +30,7 @@ the states allocated at the last KV carve).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from jenga_sglang.pool.engine import EnginePool
 from jenga_sglang.pool.pool import JengaPool
@@ -75,11 +75,29 @@ class SharedJengaPool(EnginePool):
 
     def room(self, ptype: PageType) -> int:
         """Pages of `ptype` `alloc` can take now (KV: without touching the state reserve)."""
-        room = super().room(ptype)
-        if ptype == self.kv_type:
-            pool = self.pool
-            short = max(0, self.reserve_needed() - pool.empty_pages(self.state_type))
-            per_state = pool.geometry.of(self.state_type).per_large
-            closed = min(pool.free_large_pages, -(-short // per_state))
-            room -= closed * pool.geometry.of(ptype).per_large
-        return room
+        if ptype != self.kv_type:
+            return super().room(ptype)
+        pool = self.pool
+        return self._kv_room(pool.free_large_pages, pool.empty_pages(self.state_type))
+
+    def kv_room_freeing(self, state_ids: Collection[int]) -> int:
+        """`room(kv)` if the states of `state_ids` (distinct allocated engine ids) were freed,
+        nothing moved: the KV a prefix tree could make room for by dropping those states.
+        Freeing them leaves `reserve_needed()` as it is (the tree's states and the allocated
+        ones fall alike), so what changes is which large pages are free and which state pages
+        stay empty in carved ones (`JengaPool.release_outcome`)."""
+        pool = self.pool
+        whole, empty = pool.release_outcome(self.state_type, [i - 1 for i in state_ids])
+        return self._kv_room(
+            pool.free_large_pages + whole, pool.empty_pages(self.state_type) + empty
+        )
+
+    def _kv_room(self, free_large: int, empty_states: int) -> int:
+        """KV pages that can be taken with `free_large` free large pages and `empty_states`
+        empty state pages carved: the empty KV pages, plus the free large pages the reserve
+        does not close (it closes what the empty state pages leave short of its need)."""
+        geometry = self.pool.geometry
+        short = max(0, self.reserve_needed() - empty_states)
+        closed = min(free_large, -(-short // geometry.of(self.state_type).per_large))
+        kv_per_large = geometry.of(self.kv_type).per_large
+        return self.pool.empty_pages(self.kv_type) + (free_large - closed) * kv_per_large
