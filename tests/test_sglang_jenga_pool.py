@@ -15,6 +15,7 @@ moves of compaction, which the Jenga pool never does.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from dataclasses import replace
 from types import SimpleNamespace
@@ -437,3 +438,68 @@ def test_paged_kv_slots_fill_pages_and_read_through_sglang(sg: Any) -> None:
     allocator.free(loc)
     assert allocator.available_size() == free0
     pools.shared.check_integrity()
+
+
+def _check(budget: Any, total: int) -> bool:
+    """SGLang's admission question for a request of `total` tokens (no decode, no chunking)."""
+    admit, _ = budget.check_prefill(
+        extend_input_len=total,
+        total_tokens=total,
+        max_new_tokens=0,
+        input_tokens=total,
+        swa_host_hit_length=0,
+        chunk_limit=None,
+    )
+    return bool(admit)
+
+
+def test_admission_counts_the_kv_the_trees_evictable_states_would_free(
+    sg: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """States fill the shared pool, a request's prefix is locked (PrefillAdder's pin while it
+    decides) and the KV SGLang counts is short of the request: SGLang's own budget refuses it
+    for good, nothing running to free KV (the hang binding/pools/budget.py fixes). Ours also
+    counts the KV the tree's unlocked states would free, exactly what SGLang's allocation then
+    gets by asking the tree to evict, and the locked prefix keeps its KV and state."""
+    from sglang.srt.mem_cache.allocation import alloc_token_slots
+    from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+    from jenga_sglang.binding.pools import budget
+
+    pools = _pools(sg, kv_tokens=64, states=12, reserve=1)  # 11 large pages: 8 KV or 1 state
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    prefix = list(range(16))
+    _insert(sg, cache, pools, prefix)
+    entries = 0
+    while kv.available_size() >= 8 and shared.room(shared.state_type) >= 2:
+        _insert(sg, cache, pools, list(range(1000 * (entries + 1), 1000 * (entries + 1) + 8)))
+        entries += 1
+    assert entries >= 2
+    key = sg.RadixKey(array("q", prefix))
+    node = cache.match_prefix(sg.bpc.MatchPrefixParams(key=key)).last_device_node
+    cache.inc_lock_ref(node)
+    ours = kv.create_prefill_budget(cache)
+    counted = kv.available_size() + cache.full_evictable_size()
+    freed = ours.state_tokens()
+    assert freed > 0 and cache.evictable_state_ids() and cache.mamba_protected_size() == 1
+    reach = counted + freed
+    assert not _check(PrefillBudget(kv, cache), counted)  # SGLang's count: at most counted - 1
+    assert _check(ours, reach - 1)
+    busy = kv.create_prefill_budget(cache)
+    busy.total_offset = busy.current_offset = 1  # a running request's reservation
+    assert not _check(busy, counted - 1)  # it will free KV: the head waits as SGLang's does
+    monkeypatch.setattr(budget, "_last_stall_report", float("-inf"))
+    with caplog.at_level(logging.WARNING, logger=budget.__name__):
+        assert not _check(ours, reach)  # nothing runs to free more: said, with the figures
+    assert f"{reach} tokens cannot be admitted: the Jenga pool can free {reach}" in caplog.text
+    assert ours.has_capacity()
+    slots = alloc_token_slots(cache, reach)  # SGLang's evict-then-alloc: every token counted
+    assert slots is not None and len(slots) == reach
+    assert kv.available_size() == 0  # and no more: the count was exact
+    assert cache.match_prefix(sg.bpc.MatchPrefixParams(key=key)).device_prefix_len == 16
+    assert not cache.evictable_state_ids() and cache.mamba_evictable_size() == 0
+    shared.check_integrity()
+    cache.memory.check_integrity()
+    assert cache.memory.held(cache.kv_type) + reach == shared.allocated(shared.kv_type)
+    cache.dec_lock_ref(node)

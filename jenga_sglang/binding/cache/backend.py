@@ -383,6 +383,11 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
     def mamba_protected_size(self) -> int:
         return self.slots.states("used")
 
+    def evictable_state_ids(self) -> set[int]:
+        """Live state slots no lock holds: what the Jenga pool's admission budget counts as
+        KV eviction can free (binding/pools/budget.py)."""
+        return self.slot_tree.evictable_state_ids()
+
     def total_size(self) -> int:
         return self.slots.total_tokens()
 

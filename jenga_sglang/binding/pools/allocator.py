@@ -16,7 +16,8 @@ could hold with `available_size() = size - allocated` (the planner reads
 `mamba_full_cache_donor()` returns the KV allocator: our backend then models one shared byte
 budget, as on `--enable-unified-memory` (binding/cache/backend.py), and tells it how many states its
 tree holds (`attach_tree_states`), so the state reserve counts only what requests may still
-demand (pool/shared.py).
+demand (pool/shared.py). Its prefill budget (`create_prefill_budget`, binding/pools/budget.py)
+admits by the KV the tree's evictable states would free too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
 
+from jenga_sglang.binding.pools.budget import SharedPoolBudget
 from jenga_sglang.pool.engine import EnginePool
 from jenga_sglang.pool.shared import SharedJengaPool
 from jenga_sglang.radix.pages import PageType
@@ -202,6 +204,22 @@ class JengaKVAllocator(JengaTokenAllocator):
     def attach_tree_states(self, tree_states: Callable[[], int]) -> None:
         """`tree_states()`: states the prefix tree holds; the rest are requests' (shared.py)."""
         self.shared.attach_tree(tree_states)
+
+    def create_prefill_budget(self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0) -> Any:
+        """SGLang's admission budget, counting the KV our tree's evictable states would free
+        (binding/pools/budget.py); SGLang's own where the tree is not ours."""
+        evictable = getattr(tree_cache, "evictable_state_ids", None)
+        if not callable(evictable):
+            return super().create_prefill_budget(
+                tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens
+            )
+        return SharedPoolBudget(
+            self,
+            tree_cache,
+            self.shared,
+            evictable,
+            num_mixed_decode_tokens=num_mixed_decode_tokens,
+        )
 
     def full_tokens_before_mamba_recheck(self, target_size: int) -> int:
         return 0  # any freed KV page can complete a free large page

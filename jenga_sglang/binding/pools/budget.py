@@ -1,0 +1,142 @@
+"""SGLang's prefill admission budget over the shared Jenga pool: KV the tree's states can free.
+
+SGLang's `PrefillAdder` admits a request when its tokens fit in `available_size()` plus the
+tree's `full_evictable_size()`: free KV slots and the KV of unlocked nodes. On the shared
+Jenga pool (pool/shared.py) a state the tree keeps holds bytes KV could use too, and the
+allocation that follows an admission reclaims them: SGLang asks our backend to evict, and our
+policy drops states as readily as KV (slots/sglang_slots.py `SglangSlots.evict`). A check that
+does not count them waits for room nothing will make once states fill the pool and no request
+runs to free KV: a request that fits waits forever. Seen with the tiny NemotronH,
+`--max-total-tokens 2048 --max-mamba-cache-size 12`, the ninth turn of an agent session: 147
+tokens needed, 64 counted, 7 evictable states of 22 holding the rest.
+
+`SharedPoolBudget` answers SGLang's admission questions first as SGLang would, and where that
+answer is no while no running or admitted request reserves tokens (the budget's offset is 0),
+again with the KV the tree's evictable states would free added
+(`SharedJengaPool.kv_room_freeing`: exact for the pool's layout, a state frees KV only where
+its large page empties). What it adds is what the eviction after admission can reach:
+everything unlocked, as SGLang's own evictable count assumes.
+
+Why only then. The count walks the tree's states (O(states + locked nodes): about 2 ms for
+5,000 states on our 2-core CPU), and a saturated server asks it of its waiting head on every decode
+step; while requests run, the head waits for them as SGLang's admission makes it, and the one
+wait that never ends, with nothing running, is the one it ends. The rule depends on the tree
+and the pool alone, so tensor-parallel ranks, which hold equal trees, decide alike.
+
+The slot counts the scheduler's idle leak check compares (`available + evictable + protected
+== size`) are unchanged: this budget only reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+from jenga_sglang.pool.shared import SharedJengaPool
+
+EvictableStates = Callable[[], "set[int]"]  # the tree's unlocked live state slots
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+_last_stall_report = float("-inf")  # monotonic time of the last stall warning (one a minute)
+
+
+class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no types
+    """SGLang's `PrefillBudget`, with the KV of the tree's evictable states counted where
+    SGLang's count alone says no and nothing runs."""
+
+    def __init__(
+        self,
+        allocator: Any,
+        tree_cache: Any,
+        shared: SharedJengaPool,
+        evictable_states: EvictableStates,
+        *,
+        num_mixed_decode_tokens: int = 0,
+    ) -> None:
+        super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
+        self.shared = shared
+        self.evictable_states = evictable_states
+        self._with_states = False
+
+    def state_tokens(self) -> int:
+        """KV tokens dropping every evictable state of the tree would free, pool as it is."""
+        if not self.tree_cache.mamba_evictable_size():
+            return 0
+        shared = self.shared
+        gained = shared.kv_room_freeing(self.evictable_states()) - shared.room(shared.kv_type)
+        return max(0, gained) * int(self.page_size)
+
+    def _available_and_evictable(self) -> int:
+        counted = int(super()._available_and_evictable())
+        return counted + self.state_tokens() if self._with_states else counted
+
+    def _retry(self, decide: Callable[[], T], yes: Callable[[T], bool]) -> T:
+        """`decide()` as SGLang counts; if that says no while nothing runs or was admitted
+        (no offset), again with the states' KV counted."""
+        answer = decide()
+        if yes(answer) or self.total_offset or not self.tree_cache.mamba_evictable_size():
+            return answer
+        self._with_states = True
+        try:
+            return decide()
+        finally:
+            self._with_states = False
+
+    # ---- the questions SGLang's PrefillAdder asks (sglang/srt/mem_cache/prefill_budget.py)
+
+    def has_capacity(self) -> bool:
+        return self._retry(lambda: bool(super(SharedPoolBudget, self).has_capacity()), bool)
+
+    def check_prefill(self, **kwargs: Any) -> tuple[bool, int | None]:
+        def decide() -> tuple[bool, int | None]:
+            admit, limit = super(SharedPoolBudget, self).check_prefill(**kwargs)
+            return bool(admit), limit
+
+        answer = self._retry(decide, lambda answer: answer[0])
+        if not answer[0] and not self.total_offset:
+            self._report_stall(int(kwargs.get("total_tokens", 0)))
+        return answer
+
+    def _report_stall(self, tokens: int) -> None:
+        """No running or admitted request reserves tokens (no offset), and the request does not fit
+        even with every unlocked page counted: no finishing request will free any, so it
+        waits until one that fits comes first. Say so (at most once a minute), with what
+        pins the pool: the states of locked paths, its own cached prefix's included."""
+        global _last_stall_report
+        now = time.monotonic()
+        if now - _last_stall_report < 60.0:
+            return
+        _last_stall_report = now
+        self._with_states = True
+        try:
+            reach = self.remaining_total
+        finally:
+            self._with_states = False
+        logger.warning(
+            "--enable-jenga: a request of %d tokens cannot be admitted: the Jenga pool can "
+            "free %d KV tokens (evictable states included), %d states are locked (a request's "
+            "cached prefix pins its path's states while it is admitted) and no running or "
+            "admitted request reserves any",
+            tokens,
+            reach,
+            self.tree_cache.mamba_protected_size(),
+        )
+
+    def can_allocate_prefill(self, **kwargs: Any) -> bool:
+        return self._retry(
+            lambda: bool(super(SharedPoolBudget, self).can_allocate_prefill(**kwargs)), bool
+        )
+
+    def available_chunk_tokens(self, chunk_limit: int) -> int | None:
+        """A continuing chunk as large as the limit allows: counted with the states' KV when
+        SGLang's count alone would shorten it."""
+
+        def decide() -> int | None:
+            tokens = super(SharedPoolBudget, self).available_chunk_tokens(chunk_limit)
+            return None if tokens is None else int(tokens)
+
+        return self._retry(decide, lambda tokens: tokens is not None and tokens >= chunk_limit)
