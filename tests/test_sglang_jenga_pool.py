@@ -209,7 +209,7 @@ def test_allocator_contract_and_conservation(sg: Any) -> None:
     assert kv.alloc(1) is not None and shared.allocated(KV_TYPE) == 1
 
 
-def _backend(sg: Any, pools: Any) -> Any:
+def _backend(sg: Any, pools: Any, eviction: str = "lru") -> Any:
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -227,8 +227,8 @@ def _backend(sg: Any, pools: Any) -> Any:
     from jenga_sglang.binding.pools.build import KVShape
 
     spec = storage_spec(KVShape(ATTN, 2, 8, sg.torch.bfloat16), _cache_params(sg))
-    lru = replace(SERVER_POLICY, eviction="lru")
-    return JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=lru))
+    policy = replace(SERVER_POLICY, eviction=eviction)
+    return JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=policy))
 
 
 def _insert(sg: Any, cache: Any, pools: Any, tokens: list[int]) -> Any:
@@ -492,7 +492,7 @@ def test_admission_counts_the_kv_the_trees_evictable_states_would_free(
     monkeypatch.setattr(budget, "_last_stall_report", float("-inf"))
     with caplog.at_level(logging.WARNING, logger=budget.__name__):
         assert not _check(ours, reach)  # nothing runs to free more: said, with the figures
-    assert f"{reach} tokens cannot be admitted: the Jenga pool can free {reach}" in caplog.text
+    assert f"a request of {reach} tokens waits: the Jenga pool can free {reach}" in caplog.text
     assert ours.has_capacity()
     slots = alloc_token_slots(cache, reach)  # SGLang's evict-then-alloc: every token counted
     assert slots is not None and len(slots) == reach
@@ -503,3 +503,52 @@ def test_admission_counts_the_kv_the_trees_evictable_states_would_free(
     cache.memory.check_integrity()
     assert cache.memory.held(cache.kv_type) + reach == shared.allocated(shared.kv_type)
     cache.dec_lock_ref(node)
+
+
+@pytest.mark.parametrize("eviction", ["jenga", "lru"])
+def test_a_request_whose_locked_path_pins_the_pool_is_admitted_after_evicting(
+    sg: Any, eviction: str
+) -> None:
+    """The path a request resumes from holds states at 8, 16, ..., 40 and, with its KV, fills
+    the pool. While SGLang decides, that path is locked: nothing is evictable and nothing
+    runs, so every pass would refuse it. The budget leaves the shortfall owed; the next
+    match, the path unlocked, evicts that much, and within a few passes the request fits
+    and SGLang's allocation gets its tokens. The server's policy drops the path's inner
+    states and keeps the whole hit; LRU drops the path's tail too, a shorter hit."""
+    from sglang.srt.mem_cache.allocation import alloc_token_slots
+
+    pools = _pools(sg, kv_tokens=64, states=12, reserve=1)  # 11 large pages: 8 KV or 1 state
+    cache = _backend(sg, pools, eviction)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    path = list(range(40))
+    slots = kv.alloc(0)
+    for end in range(8, 41, 8):  # one turn after another: a state at each 8 tokens
+        slots = sg.torch.cat([slots, kv.alloc(8)])
+        key = sg.RadixKey(array("q", path[:end]))
+        state = pools.req_to_token_pool.mamba_allocator.alloc(1)
+        cache.insert(sg.bpc.InsertParams(key=key, value=slots, mamba_value=state))
+    assert cache.memory.held(cache.state_type) == 5 and kv.available_size() < 8
+    request = sg.RadixKey(array("q", [*path, *range(500, 508)]))
+    need = 8 + 1 + 8  # its new tokens, a page, 8 to decode
+    passes = 0
+    for _ in range(5):  # bounded: each pass evicts what the last one was short of
+        passes += 1
+        node = cache.match_prefix(sg.bpc.MatchPrefixParams(key=request)).last_device_node
+        cache.inc_lock_ref(node)  # PrefillAdder's pin while it decides
+        budget = kv.create_prefill_budget(cache)
+        admitted = _check(budget, need + 40 - node_end(node))
+        if admitted:
+            break
+        assert cache.owed_kv > 0
+        cache.dec_lock_ref(node)
+    assert admitted and passes > 1 and cache.memory.held(cache.state_type) < 5
+    assert node_end(node) == 40 if eviction == "jenga" else node_end(node) > 0
+    got = alloc_token_slots(cache, need + 40 - node_end(node))
+    assert got is not None
+    shared.check_integrity()
+    cache.memory.check_integrity()
+    cache.dec_lock_ref(node)
+
+
+def node_end(node: Any) -> int:
+    return 0 if node.parent is None else int(node.end)

@@ -138,6 +138,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         self.hit_tokens = 0
         self.unseeded = 0  # hits not used: no Mamba slot could be freed to copy their state
         self.states_admitted = 0
+        self.owed_kv = 0  # KV tokens a stalled admission is short of (owe_kv)
         self.plans = RequestPlans()
         self.metrics: JengaMetrics | None = None
         if params.enable_metrics:
@@ -228,6 +229,8 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         if whole is None or tokens is None:
             return self._empty()
         namespace = key_namespace(params.key)  # LoRA adapter / cache salt (plans.py)
+        if self.owed_kv:
+            self._pay_owed_kv()
         found = self.cache.lookup(tokens, namespace)
         if self.host is not None:  # binding/host/tier.py: load at admission, else device only
             if admits(params, self.state_type is not None):
@@ -382,6 +385,22 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
 
     def mamba_protected_size(self) -> int:
         return self.slots.states("used")
+
+    def owe_kv(self, tokens: int) -> None:
+        """A request fits no admission with nothing running, short of `tokens` KV tokens even
+        with every unlocked page counted (binding/pools/budget.py): its own cached path,
+        locked while SGLang decides, pins the states on it. The next match, which SGLang
+        makes with no lock of that request held, evicts that much first (`_pay_owed_kv`)."""
+        self.owed_kv = max(self.owed_kv, tokens)
+
+    def _pay_owed_kv(self) -> None:
+        """Our policy's victims until SGLang can allocate `owed_kv` more KV tokens. Each
+        stalled pass evicts at least what it was short of or empties the unlocked tree, and
+        a victim of the request's own path that shortens its hit adds as much to its need as
+        it frees, so a request that fits the pool is admitted after finitely many passes."""
+        owed, self.owed_kv = self.owed_kv, 0
+        self.slots.make_room(self.kv_type, self.slots.room(self.kv_type) + owed)
+        self.sync_metrics()
 
     def evictable_state_ids(self) -> set[int]:
         """Live state slots no lock holds: what the Jenga pool's admission budget counts as

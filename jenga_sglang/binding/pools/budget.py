@@ -18,10 +18,19 @@ its large page empties). What it adds is what the eviction after admission can r
 everything unlocked, as SGLang's own evictable count assumes.
 
 Why only then. The count walks the tree's states (O(states + locked nodes): about 2 ms for
-5,000 states on our 2-core CPU), and a saturated server asks it of its waiting head on every decode
-step; while requests run, the head waits for them as SGLang's admission makes it, and the one
-wait that never ends, with nothing running, is the one it ends. The rule depends on the tree
-and the pool alone, so tensor-parallel ranks, which hold equal trees, decide alike.
+5,000 states on our 2-core CPU), and a saturated server would ask it of its waiting head on
+every decode step; while requests run, the head waits for them as SGLang's admission makes
+it, and the one wait that never ends, with nothing running, is the one it ends. The rule
+depends on the tree and the pool alone, so tensor-parallel ranks, which hold equal trees,
+decide alike.
+
+Still short with nothing running, the request's own cached path is what pins the pool:
+SGLang locks it while deciding, and our lock pins every state on it (the same session's
+tenth turn: 148 tokens needed, 142 reachable, 17 of its path's states locked). The budget
+then leaves the shortfall owed to the tree (backend `owe_kv`), which evicts it at the next
+match, when nothing of that request is locked: the server's policy drops the path's inner
+states first (tests/test_sglang_jenga_pool.py), and the request is admitted within a few
+passes.
 
 The slot counts the scheduler's idle leak check compares (`available + evictable + protected
 == size`) are unchanged: this budget only reads them.
@@ -98,29 +107,33 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
 
         answer = self._retry(decide, lambda answer: answer[0])
         if not answer[0] and not self.total_offset:
-            self._report_stall(int(kwargs.get("total_tokens", 0)))
+            self._stalled(int(kwargs.get("total_tokens", 0)))
         return answer
 
-    def _report_stall(self, tokens: int) -> None:
-        """No running or admitted request reserves tokens (no offset), and the request does not fit
-        even with every unlocked page counted: no finishing request will free any, so it
-        waits until one that fits comes first. Say so (at most once a minute), with what
-        pins the pool: the states of locked paths, its own cached prefix's included."""
+    def _stalled(self, tokens: int) -> None:
+        """No running or admitted request reserves tokens (no offset), and the request does
+        not fit even with every unlocked page counted: no finishing request will free any.
+        What pins the pool then is locked: the request's own cached path, which SGLang
+        locks while it decides, with the states on it. The tree owes the shortfall, and
+        evicts it at the next match, the path unlocked (backend `owe_kv`). Logged at most
+        once a minute, with the figures."""
         global _last_stall_report
+        self._with_states = True
+        try:
+            reach = int(self.remaining_total)
+        finally:
+            self._with_states = False
+        owe = getattr(self.tree_cache, "owe_kv", None)
+        if callable(owe):
+            owe(tokens - reach + 1)  # admitted when tokens < remaining
         now = time.monotonic()
         if now - _last_stall_report < 60.0:
             return
         _last_stall_report = now
-        self._with_states = True
-        try:
-            reach = self.remaining_total
-        finally:
-            self._with_states = False
         logger.warning(
-            "--enable-jenga: a request of %d tokens cannot be admitted: the Jenga pool can "
-            "free %d KV tokens (evictable states included), %d states are locked (a request's "
-            "cached prefix pins its path's states while it is admitted) and no running or "
-            "admitted request reserves any",
+            "--enable-jenga: a request of %d tokens waits: the Jenga pool can free %d KV "
+            "tokens (evictable states included) and %d states are locked (its cached path "
+            "is locked while it is admitted); evicting from the tree for it",
             tokens,
             reach,
             self.tree_cache.mamba_protected_size(),
