@@ -100,6 +100,46 @@ def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
     s.slots_balance()
 
 
+@pytest.mark.parametrize("leaves", ["aborted in prefill", "retracted in decode"])
+def test_a_request_that_leaves_after_its_load_gives_everything_back(sg: Any, leaves: str) -> None:
+    """A turn whose hit came back from host memory is aborted once its prefill is scheduled,
+    or retracted after two decode steps (SGLang's `release_kv_cache` without a checkpoint):
+    its slots go back, the loaded hit stays in the tree, and the same turn then hits on the
+    device with the demoted bytes (the tier's ids and blocks are checked by sanity_check)."""
+    s = tiered(sg)
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    history = first_in + first_out
+    fill_with_others(s, 8)
+    turn = history + tokens(5, 12)
+    req = s.admit(turn, 4)
+    hit = int(req.prefix_len)
+    assert hit >= 100 and s.cache.host_hit_tokens > 0
+    if leaves == "aborted in prefill":
+        s._alloc_kv(req, hit, len(turn))
+        req.finished_reason = sg.FINISH_LENGTH(length=0)
+    else:
+        s.prefill(req, 7)
+        s._alloc_kv(req, len(turn), len(turn) + 2)
+        for k, token in enumerate((7, 8)):
+            s._decode_step(req, token, len(turn) + k + 1)
+            req.output_ids.append(token + 1)
+    sg.release_kv_cache(req, s.cache, checkpoint=False)
+    assert not req.kv.holds_mamba
+    s.cache.sanity_check()
+    s.slots_balance()
+    loaded = s.cache.host_hit_tokens
+    again = s.admit(turn, 4)
+    assert int(again.prefix_len) == hit and s.cache.host_hit_tokens == loaded  # device now
+    src = again.kv.mamba_cow_src_index
+    assert src is not None and s.read(int(src[0])) == expected(sg, turn[:hit])
+    assert s.kv_at(again, hit) == [float(t) for t in turn[:hit]]
+    s.prefill(again, 7)
+    s.decode_and_finish(again, turn, [7, 8])
+    s.cache.sanity_check()
+    s.slots_balance()
+
+
 def test_without_the_flag_the_same_turn_misses(sg: Any) -> None:
     """The baseline of the test above: the same load with no tier recomputes the session."""
     s = KvSession(sg, admission="jenga", prompt_end=True, kv_size=300)
