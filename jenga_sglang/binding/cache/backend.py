@@ -38,7 +38,6 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     IncLockRefResult,
-    InitLoadBackParams,
     InsertParams,
     InsertResult,
     MatchPrefixParams,
@@ -56,13 +55,11 @@ from jenga_sglang.binding.cache.request_path import RequestPath
 from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.cache.tp_share import share_channel
 from jenga_sglang.binding.host.tier import (
-    HostHit,
-    Offer,
+    admits,
     attach_live_tier,
     device_only,
     host_counters,
     load_hit,
-    offered,
 )
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
@@ -226,28 +223,6 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         )
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
-        return self._match(params, load=False)
-
-    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
-        """SGLang admitted a request whose match offered a host hit (`host_hit_length`,
-        binding/host/tier.py): load it, matching again, and say how many tokens that added
-        and which node the hit now ends at. All of the promised tokens or none, as SGLang
-        requires (none: the tier recomputes them, and the request resumes from its device
-        hit, re-seeded); None, retried next round, if the tree moved since the match."""
-        handle, req = params.best_match_node, params.req
-        if not isinstance(handle, HostHit) or req is None:
-            return None
-        device = int(req.prefix_len)
-        result = self._match(handle.params, load=True)
-        loaded = result.device_prefix_len - device
-        if loaded not in (0, params.host_hit_length):
-            return None
-        req.mamba_branching_seqlen = result.mamba_branching_seqlen  # planned past the hit
-        return loaded, result.last_device_node
-
-    def _match(self, params: MatchPrefixParams, *, load: bool) -> MatchResult:
-        """The match: device hit (reporting what the host tier offers past it), or with
-        `load` the hit once the tier loaded its host part (`init_load_back`)."""
         # Packed once: the match key may be capped short of the input the plan reads.
         whole = None if self.disable else TokenSeq.of(params.key.token_ids)
         tokens = None if whole is None else key_tokens(params.key, whole)
@@ -257,13 +232,12 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         if self.owed_kv:
             self._pay_owed_kv()
         found = self.cache.lookup(tokens, namespace)
-        offer, loaded = Offer(0, False), 0
-        if self.host is not None and load:
-            found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
-            self.host_hit_tokens += loaded
-        elif self.host is not None:  # report what a load would add; SGLang's budget decides
-            offer = offered(self.cache, self.host, tokens, found) if params.req else offer
-            found = device_only(self.cache, found)
+        if self.host is not None:  # binding/host/tier.py: load at admission, else device only
+            if admits(params, self.state_type is not None):
+                found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
+                self.host_hit_tokens += loaded
+            else:
+                found = device_only(self.cache, found)
         planned = self._admit(params, found, whole, namespace)  # records the hit, plans
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
@@ -272,7 +246,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             self.unseeded += 1  # prefilled from scratch; its plan's positions still hold
             self.sync_metrics()
             return self._empty()
-        self.hit_tokens += loaded if load else found.length
+        self.hit_tokens += found.length
         # SGLang locks the node it gets back: one ending where the hit does (window pages of
         # the path before its last window may then be trimmed while it runs, radix/evict.py).
         anchor = self.cache.anchor(found)
@@ -282,9 +256,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
             device_prefix_len=found.length,
             last_device_node=node,
             last_host_node=node,
-            best_match_node=HostHit(params) if offer.tokens else node,
-            host_hit_length=offer.tokens,
-            mamba_host_hit_length=int(offer.state),
+            best_match_node=node,
             mamba_branching_seqlen=self._branch_for_sglang(planned),
             full_kv_hit_length=found.walk.length,
         )
