@@ -536,19 +536,19 @@ def test_a_request_whose_locked_path_pins_the_pool_is_admitted_after_evicting(
         node = cache.match_prefix(sg.bpc.MatchPrefixParams(key=request)).last_device_node
         cache.inc_lock_ref(node)  # PrefillAdder's pin while it decides
         budget = kv.create_prefill_budget(cache)
-        admitted = _check(budget, need + 40 - node_end(node))
+        admitted = _check(budget, need + 40 - _node_end(node))
         if admitted:
             break
         assert cache.owed_kv > 0
         cache.dec_lock_ref(node)
     assert admitted and passes > 1 and cache.memory.held(cache.state_type) < 5
-    assert node_end(node) == 40 if eviction == "jenga" else node_end(node) > 0
-    got = alloc_token_slots(cache, need + 40 - node_end(node))
+    assert _node_end(node) == 40 if eviction == "jenga" else _node_end(node) > 0
+    got = alloc_token_slots(cache, need + 40 - _node_end(node))
     assert got is not None
     shared.check_integrity()
     cache.memory.check_integrity()
     cache.dec_lock_ref(node)
 
 
-def node_end(node: Any) -> int:
+def _node_end(node: Any) -> int:
     return 0 if node.parent is None else int(node.end)
