@@ -402,7 +402,7 @@ class JengaRadixCache(RequestPath, BasePrefixCache):  # type: ignore[misc]  # sg
         self.slots.make_room(self.kv_type, self.slots.room(self.kv_type) + owed)
         self.sync_metrics()
 
-    def evictable_state_ids(self) -> set[int]:
+    def evictable_state_ids(self) -> frozenset[int]:
         """Live state slots no lock holds: what the Jenga pool's admission budget counts as
         KV eviction can free (binding/pools/budget.py)."""
         return self.slot_tree.evictable_state_ids()

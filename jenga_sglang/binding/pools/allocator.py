@@ -208,18 +208,11 @@ class JengaKVAllocator(JengaTokenAllocator):
     def create_prefill_budget(self, tree_cache: Any, *, num_mixed_decode_tokens: int = 0) -> Any:
         """SGLang's admission budget, counting the KV our tree's evictable states would free
         (binding/pools/budget.py); SGLang's own where the tree is not ours."""
-        evictable = getattr(tree_cache, "evictable_state_ids", None)
-        if not callable(evictable):
+        if not callable(getattr(tree_cache, "evictable_state_ids", None)):
             return super().create_prefill_budget(
                 tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens
             )
-        return SharedPoolBudget(
-            self,
-            tree_cache,
-            self.shared,
-            evictable,
-            num_mixed_decode_tokens=num_mixed_decode_tokens,
-        )
+        return SharedPoolBudget(self, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
 
     def full_tokens_before_mamba_recheck(self, target_size: int) -> int:
         return 0  # any freed KV page can complete a free large page

@@ -47,53 +47,45 @@ from sglang.srt.mem_cache.prefill_budget import PrefillBudget
 
 from jenga_sglang.pool.shared import SharedJengaPool
 
-EvictableStates = Callable[[], "set[int]"]  # the tree's unlocked live state slots
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 _last_stall_report = float("-inf")  # monotonic time of the last stall warning (one a minute)
 
 
 class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no types
-    """SGLang's `PrefillBudget`, with the KV of the tree's evictable states counted where
-    SGLang's count alone says no and nothing runs."""
+    """SGLang's `PrefillBudget` over a `JengaKVAllocator` and our backend, with the KV of the
+    tree's evictable states counted where SGLang's count alone says no and nothing runs."""
 
     def __init__(
-        self,
-        allocator: Any,
-        tree_cache: Any,
-        shared: SharedJengaPool,
-        evictable_states: EvictableStates,
-        *,
-        num_mixed_decode_tokens: int = 0,
+        self, allocator: Any, tree_cache: Any, *, num_mixed_decode_tokens: int = 0
     ) -> None:
         super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
-        self.shared = shared
-        self.evictable_states = evictable_states
-        self._with_states = False
+        self.shared: SharedJengaPool = allocator.shared
+        self._state_kv = 0  # what state_tokens() adds while a question is asked again
 
     def state_tokens(self) -> int:
         """KV tokens dropping every evictable state of the tree would free, pool as it is."""
         if not self.tree_cache.mamba_evictable_size():
             return 0
-        shared = self.shared
-        gained = shared.kv_room_freeing(self.evictable_states()) - shared.room(shared.kv_type)
+        shared, evictable = self.shared, self.tree_cache.evictable_state_ids()
+        gained = shared.kv_room_freeing(evictable) - shared.room(shared.kv_type)
         return max(0, gained) * int(self.page_size)
 
     def _available_and_evictable(self) -> int:
-        counted = int(super()._available_and_evictable())
-        return counted + self.state_tokens() if self._with_states else counted
+        return int(super()._available_and_evictable()) + self._state_kv
 
     def _retry(self, decide: Callable[[], T], yes: Callable[[T], bool]) -> T:
         """`decide()` as SGLang counts; if that says no while nothing runs or was admitted
-        (no offset), again with the states' KV counted."""
+        (no offset), again with the states' KV counted (one walk of the tree's states for the
+        question, however often it reads the remaining tokens)."""
         answer = decide()
         if yes(answer) or self.total_offset or not self.tree_cache.mamba_evictable_size():
             return answer
-        self._with_states = True
+        self._state_kv = self.state_tokens()
         try:
             return decide()
         finally:
-            self._with_states = False
+            self._state_kv = 0
 
     # ---- the questions SGLang's PrefillAdder asks (sglang/srt/mem_cache/prefill_budget.py)
 
@@ -118,14 +110,8 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         evicts it at the next match, the path unlocked (backend `owe_kv`). Logged at most
         once a minute, with the figures."""
         global _last_stall_report
-        self._with_states = True
-        try:
-            reach = int(self.remaining_total)
-        finally:
-            self._with_states = False
-        owe = getattr(self.tree_cache, "owe_kv", None)
-        if callable(owe):
-            owe(tokens - reach + 1)  # admitted when tokens < remaining
+        reach = int(self.remaining_total) + self.state_tokens()
+        self.tree_cache.owe_kv(tokens - reach + 1)  # admitted when tokens < remaining
         now = time.monotonic()
         if now - _last_stall_report < 60.0:
             return

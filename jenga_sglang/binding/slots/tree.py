@@ -172,15 +172,15 @@ class SlotTree:
         joined = np.concatenate(parts[::-1]) if parts else np.zeros(0, np.int64)
         return torch.from_numpy(joined).to(self.slots.device)
 
-    def evictable_state_ids(self) -> set[int]:
+    def evictable_state_ids(self) -> frozenset[int]:
         """Live Mamba slots of the tree no lock holds: the states eviction may still drop
         (none with int8 checkpoints, whose states live in a pool of their own). Every held
         state less those of locked nodes, which are found from the roots down through
         locked children only (a lock counts on every ancestor): O(states + locked nodes)."""
         slots = self.slots
         if slots.state_type is None or slots.checkpoints is not None:
-            return set()
-        held = set(slots.memory.held_ids(slots.state_type))
+            return frozenset()
+        locked: set[int] = set()
         tree = self.cache.tree
         stack = [c for r in (tree.root, *tree.spaces.values()) for c in r.children.values()]
         while stack:
@@ -188,8 +188,8 @@ class SlotTree:
             if node.lock_ref <= 0:
                 continue
             if node.state is not None:
-                held.difference_update(page_ids(node.state).tolist())
+                locked.update(page_ids(node.state).tolist())
             for _, state in node.inner:
-                held.difference_update(page_ids(state).tolist())
+                locked.update(page_ids(state).tolist())
             stack.extend(node.children.values())
-        return held
+        return slots.memory.held_ids(slots.state_type) - locked
