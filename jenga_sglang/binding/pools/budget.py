@@ -27,10 +27,10 @@ decide alike.
 Still short with nothing running, the request's own cached path is what pins the pool:
 SGLang locks it while deciding, and our lock pins every state on it (the same session's
 tenth turn: 148 tokens needed, 142 reachable, 17 of its path's states locked). The budget
-then leaves the shortfall owed to the tree (backend `owe_kv`), which evicts it at the next
-match, when nothing of that request is locked: the server's policy drops the path's inner
-states first (tests/test_sglang_jenga_pool.py), and the request is admitted within a few
-passes.
+then leaves the shortfall owed to the tree (`owe_kv`, binding/cache/memory_calls.py), which
+evicts it at the next match, when nothing of that request is locked: the server's policy
+drops the path's inner states first (tests/test_sglang_jenga_pool.py), and the request is
+admitted within a few passes.
 
 The slot counts the scheduler's idle leak check compares (`available + evictable + protected
 == size`) are unchanged: this budget only reads them.
@@ -107,8 +107,8 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         not fit even with every unlocked page counted: no finishing request will free any.
         What pins the pool then is locked: the request's own cached path, which SGLang
         locks while it decides, with the states on it. The tree owes the shortfall, and
-        evicts it at the next match, the path unlocked (backend `owe_kv`). Logged at most
-        once a minute, with the figures."""
+        evicts it at the next match, the path unlocked (`owe_kv`, binding/cache/memory_calls.py).
+        Logged at most once a minute, with the figures."""
         global _last_stall_report
         reach = int(self.remaining_total) + self.state_tokens()
         self.tree_cache.owe_kv(tokens - reach + 1)  # admitted when tokens < remaining
