@@ -150,3 +150,49 @@ def test_namespaces_publish_blocks_of_their_own() -> None:
     assert plain.token_ids == salted.token_ids == first  # the same tokens, two namespaces:
     assert not set(plain.block_hashes) & set(salted.block_hashes)  # two sets of blocks
     assert cache.kv_events.published() == 2 * len(first)
+
+
+def test_stores_name_their_namespace_as_sglang_does() -> None:
+    """A store says its cache salt, and its LoRA adapter's public name once SGLang's table
+    knows it (the scheduler registers it as requests arrive), as SGLang's own events do."""
+    from sglang.srt.mem_cache.events import KvEventLoraNames
+    from test_binding_backend import _cache
+
+    from jenga_sglang.binding.cache.namespaces import event_labels
+    from jenga_sglang.binding.slots.kv_events import attach
+
+    cache, allocator, req_pool = _cache(_sg(), True)
+    names = KvEventLoraNames()
+    lora_id = "0123456789abcdef0123456789abcdef"  # SGLang appends it to the extra key
+    names.register(lora_id=lora_id, lora_name="adapter-a")
+    attach(cache, True, event_labels(names))
+    bpc = _sg().bpc
+    keys = [
+        _sg().RadixKey(array("q", SHARED), cache_salt="tenant-b"),
+        _sg().RadixKey(array("q", SHARED), extra_key="sys" + lora_id),
+        _sg().RadixKey(array("q", SHARED), extra_key="sys" + lora_id, cache_salt="t"),
+        _sg().RadixKey(array("q", SHARED), extra_key="no-adapter"),
+        _sg().RadixKey(array("q", SHARED)),
+    ]
+    for key in keys:
+        slots = allocator.alloc(len(SHARED))
+        state = req_pool.mamba_allocator.alloc(1)
+        cache.insert(bpc.InsertParams(key=key, value=slots, mamba_value=state))
+    stores = cache.take_events()
+    assert [(e.cache_salt, e.lora_name) for e in stores] == [
+        ("tenant-b", None),
+        (None, "adapter-a"),
+        ("t", "adapter-a"),
+        (None, None),
+        (None, None),
+    ]
+    assert len({h for e in stores for h in e.block_hashes}) == 5 * len(SHARED)
+
+
+def test_a_namespace_string_gives_back_sglangs_pair() -> None:
+    from jenga_sglang.binding.cache.namespaces import namespace_of, namespace_pair
+
+    for pair in [(None, None), ("", None), (None, "s"), ("a", "b"), ("a'\"b", "c,)")]:
+        assert namespace_pair(namespace_of(*pair)) == pair
+    with pytest.raises(ValueError, match="not a namespace"):
+        namespace_pair("'x'")

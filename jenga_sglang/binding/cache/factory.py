@@ -72,6 +72,7 @@ def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
 def build_tree_cache(ctx: Any) -> Any:
     """`RadixCacheFactory` for `--radix-cache-backend jenga` (called in each scheduler)."""
     from jenga_sglang.binding.cache.backend import JengaRadixCache
+    from jenga_sglang.binding.cache.namespaces import event_labels
     from jenga_sglang.binding.cache.tp_consensus import ConsensusJengaRadixCache, checker_requested
     from jenga_sglang.binding.slots.kv_events import attach as attach_events
 
@@ -92,6 +93,8 @@ def build_tree_cache(ctx: Any) -> Any:
     # SGLang's rank-consensus checker on: the same cache with its marks (cache/tp_consensus.py)
     cls = ConsensusJengaRadixCache if checker_requested() else JengaRadixCache
     cache = cls(ctx.params, spec, options, inpass=inpass)
-    # --kv-events-config: publish only spans a hit can use (slots/kv_events.py)
-    attach_events(cache, bool(getattr(ctx.params, "enable_kv_cache_events", False)))
+    # --kv-events-config: publish only spans a hit can use (slots/kv_events.py), each store
+    # naming its namespace as SGLang's cache does (cache salt, LoRA adapter name)
+    labels = event_labels(getattr(ctx.params, "kv_event_lora_names", None))
+    attach_events(cache, bool(getattr(ctx.params, "enable_kv_cache_events", False)), labels)
     return cache

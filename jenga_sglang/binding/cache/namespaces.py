@@ -9,7 +9,8 @@ attribute reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import ast
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -25,6 +26,32 @@ def namespace_of(extra_key: str | None, cache_salt: str | None) -> str | None:
     if extra_key is None and cache_salt is None:
         return None
     return repr((extra_key, cache_salt))
+
+
+def namespace_pair(namespace: str | None) -> tuple[str | None, str | None]:
+    """SGLang's `(extra_key, cache_salt)` back from the tree's namespace (`namespace_of`)."""
+    if namespace is None:
+        return None, None
+    pair = ast.literal_eval(namespace)  # a repr of two str-or-None: literals only
+    if not (isinstance(pair, tuple) and len(pair) == 2):
+        raise ValueError(f"not a namespace of SGLang's pair: {namespace!r}")
+    extra_key, cache_salt = pair
+    return extra_key, cache_salt
+
+
+def event_labels(lora_names: Any) -> Callable[[str | None], tuple[str | None, str | None]]:
+    """What a KV event says of its namespace, as SGLang's own cache says it: the cache salt
+    and the LoRA adapter's public name (`lora_names`: SGLang's `KvEventLoraNames`, which its
+    scheduler fills as requests with an adapter arrive; None: no names)."""
+
+    def labels(namespace: str | None) -> tuple[str | None, str | None]:
+        extra_key, cache_salt = namespace_pair(namespace)
+        if lora_names is None or not extra_key:
+            return cache_salt, None
+        name = lora_names.resolve(extra_key)
+        return cache_salt, None if name is None else str(name)
+
+    return labels
 
 
 def key_namespace(key: Any) -> str | None:

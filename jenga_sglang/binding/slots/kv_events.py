@@ -18,7 +18,9 @@ Here a span is published only where a hit is usable under every layer type's rul
 * sliding-window models (a hit needs the window's last w tokens): not published yet; a warning
   at start-up says the router gets no events from such a worker.
 
-Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet.
+Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet, and each
+store names its namespace as SGLang's own cache does: `cache_salt`, and `lora_name` where the
+scheduler knows the adapter's public name (`labels`, binding/cache/namespaces.py).
 A block is held with a count of the spans that cover it (published at 0 -> 1, removed at
 1 -> 0), so a shared head stays published while any checkpoint below it remains. Chained hashes
 make equal paths equal blocks. The cost is one hash per block of a new checkpoint's path, paid
@@ -31,12 +33,15 @@ from __future__ import annotations
 import hashlib
 import logging
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 _MASK, _SIGN = (1 << 64) - 1, 1 << 63
+
+#: A namespace (None: the default one) to the (cache_salt, lora_name) its stores carry.
+Labels = Callable[[str | None], tuple[str | None, str | None]]
 
 
 def _int64(digest: bytes) -> int:
@@ -60,9 +65,10 @@ class HitSpanEvents:
     """The recorder `BasePrefixCache.take_events()` reads (`kv_events.take()`), fed by the
     binding with the checkpoints (or KV pages) the tree adopts and the slots it frees."""
 
-    def __init__(self, page_size: int, by_state: bool) -> None:
+    def __init__(self, page_size: int, by_state: bool, labels: Labels | None = None) -> None:
         self.page = page_size
         self.by_state = by_state  # Mamba: spans end at checkpoints; else at every page
+        self._labels = labels  # namespace -> (cache_salt, lora_name) of its stores
         self._covers: dict[int, list[int]] = {}  # slot id -> block hashes of its span
         self._count: dict[int, int] = {}  # block hash -> spans covering it
         self._queue: list[Any] = []
@@ -90,7 +96,7 @@ class HitSpanEvents:
             # pages the tree adopted before, or in this same insert).
             first = 0 if self.by_state else blocks - 1
             self._covers[slot] = chain[first:blocks]
-            self._store(tokens, first, chain[first:blocks], chain)
+            self._store(tokens, first, chain[first:blocks], chain, namespace)
 
     def freed(self, slots: Iterable[int]) -> None:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
@@ -110,7 +116,12 @@ class HitSpanEvents:
             self.removed_blocks += len(gone)
 
     def _store(
-        self, tokens: Sequence[int], first: int, hashes: list[int], chain: list[int]
+        self,
+        tokens: Sequence[int],
+        first: int,
+        hashes: list[int],
+        chain: list[int],
+        namespace: str | None,
     ) -> None:
         """Count `hashes` (blocks first, first + 1, ...); publish those now covered once."""
         new = []
@@ -119,11 +130,15 @@ class HitSpanEvents:
             if self._count[h] == 1:
                 new.append(first + i)
         if new:
-            self._publish(tokens, new, chain)
+            self._publish(tokens, new, chain, namespace)
 
-    def _publish(self, tokens: Sequence[int], blocks: list[int], chain: list[int]) -> None:
+    def _publish(
+        self, tokens: Sequence[int], blocks: list[int], chain: list[int], namespace: str | None
+    ) -> None:
         """One BlockStored per run of consecutive new blocks (parent: the block before)."""
         from sglang.srt.disaggregation.kv_events import BlockStored
+
+        salt, lora = (None, None) if self._labels is None else self._labels(namespace)
 
         runs: list[list[int]] = []
         for b in blocks:
@@ -149,6 +164,8 @@ class HitSpanEvents:
                     token_ids=ids,
                     block_size=page,
                     lora_id=None,
+                    cache_salt=salt,
+                    lora_name=lora,
                 )
             )
 
@@ -164,8 +181,9 @@ class HitSpanEvents:
         return len(self._count)
 
 
-def attach(cache: Any, enabled: bool) -> HitSpanEvents | None:
-    """Give `cache` (a JengaRadixCache) a recorder when SGLang asked for KV events."""
+def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEvents | None:
+    """Give `cache` (a JengaRadixCache) a recorder when SGLang asked for KV events; `labels`
+    names a namespace's stores (`HitSpanEvents`)."""
     if not enabled or cache.disable:
         return None
     if cache.slots.window is not None:
@@ -174,7 +192,7 @@ def attach(cache: Any, enabled: bool) -> HitSpanEvents | None:
             "(a window hit rule is not encoded yet); a router sees no cache on this worker"
         )
         return None
-    events = HitSpanEvents(cache.page_size, by_state=cache.state_type is not None)
+    events = HitSpanEvents(cache.page_size, cache.state_type is not None, labels)
     cache.kv_events = events
     cache.slot_tree.events = events
     cache.slots.events = events
