@@ -165,3 +165,49 @@ def test_kv_room_freeing_refuses_a_state_not_allocated() -> None:
         assert "not held" in str(exc)
     else:
         raise AssertionError("an empty state page was counted as freeable")
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops, st.integers(4, 9), st.data())
+def test_freeing_kv_adds_at_least_the_freed_less_what_the_reserve_closes(
+    steps: list[tuple[str, int]], pages: int, data: st.DataObject
+) -> None:
+    """Evicting F KV pages and some tree states raises `room(KV)` by at least F minus
+    `kv_closing(those states)` (and never lowers it), whichever go, in either order: an
+    admission counting evictable KV one to one, as SGLang's does, overcounts by up to that
+    while the reserve is short of free large pages."""
+    shared = _shared(pages, RUNNING * PER_REQUEST)
+    engine = Engine(shared)
+    for op, n in steps:
+        engine.step(op, n)
+    gone = data.draw(st.lists(st.sampled_from(engine.kv), unique=True)) if engine.kv else []
+    states = data.draw(st.lists(st.sampled_from(engine.tree), unique=True)) if engine.tree else []
+    room, closing = shared.room(KV), shared.kv_closing(states)
+    assert closing <= shared.kv_closing()  # freeing states never closes more
+    for state in states:  # the tree's states go first or after: the room ends the same
+        engine.tree.remove(state)
+    if data.draw(st.booleans()):
+        shared.free(STATE, states)
+        shared.free(KV, gone)
+    else:
+        shared.free(KV, gone)
+        shared.free(STATE, states)
+    assert shared.room(KV) >= room + max(0, len(gone) - closing)
+
+
+def test_a_short_reserve_takes_the_large_pages_freeing_kv_returns() -> None:
+    """The case the bound is for: 6 large pages, reserve 4 states (2 large pages). KV fills
+    every page the reserve leaves; then requests' states leave as tree states (still needed
+    by the reserve) and take 2 of KV's large pages back when KV frees them."""
+    shared = _shared(6, 4)
+    tree: list[int] = []
+    shared.attach_tree(lambda: len(tree))
+    held = shared.alloc(STATE, 4)  # requests hold the whole reserve: KV may take the rest
+    assert held is not None and shared.reserve_needed() == 0
+    kv = shared.alloc(KV, shared.room(KV))
+    assert kv is not None and len(kv) == 4 * 3 and shared.room(KV) == 0
+    tree.extend(held)  # the requests finish into the tree: the reserve needs 4 states again
+    closing = shared.kv_closing()
+    assert shared.reserve_needed() == 4 and closing == 2 * 3
+    shared.free(KV, kv)  # 12 pages freed, 6 of them on the 2 large pages the reserve takes
+    assert shared.room(KV) == len(kv) - closing == 6 and shared.kv_closing() == 0

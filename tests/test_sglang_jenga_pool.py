@@ -552,3 +552,49 @@ def test_a_request_whose_locked_path_pins_the_pool_is_admitted_after_evicting(
 
 def _node_end(node: Any) -> int:
     return 0 if node.parent is None else int(node.end)
+
+
+def test_admission_counts_less_evictable_kv_while_the_state_reserve_takes_pages_back(
+    sg: Any,
+) -> None:
+    """Requests held the reserve's states, so KV took every other large page; then their
+    states went into the tree, on paths running requests lock, and the reserve needs its
+    pages again. Freeing KV now returns large pages the reserve takes: SGLang's count (free
+    + evictable, one to one) admits what its allocation cannot get (the out-of-memory crash
+    of the host tier's sessions load). Ours counts `kv_closing` less, and the allocation gets
+    exactly what it counts."""
+    from sglang.srt.mem_cache.allocation import alloc_token_slots
+    from sglang.srt.mem_cache.prefill_budget import PrefillBudget
+
+    pools = _pools(sg, kv_tokens=64, states=12, reserve=2)  # a large page: 8 KV or 1 state
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    held = [pools.req_to_token_pool.mamba_allocator.alloc(1) for _ in range(2)]
+    assert shared.reserve_needed() == 0  # requests hold the whole reserve
+    rows = []
+    while kv.available_size() >= 8:
+        rows.append(kv.alloc(8))
+    locked = []
+    for i, slots in enumerate(rows):  # two finish into the tree with their states
+        key = sg.RadixKey(array("q", range(1000 * (i + 1), 1000 * (i + 1) + 8)))
+        state = held[i] if i < 2 else None
+        done = cache.insert(sg.bpc.InsertParams(key=key, value=slots, mamba_value=state))
+        if state is not None:
+            locked.append(done.last_device_node)
+            cache.inc_lock_ref(done.last_device_node)  # running requests resume there
+    closing = shared.kv_closing()
+    assert shared.reserve_needed() == 2 and closing == 2 * 8
+    assert not cache.evictable_state_ids()  # no state eviction can free gives pages back
+    counted = kv.available_size() + cache.full_evictable_size()
+    assert PrefillBudget(kv, cache).remaining_total == counted  # SGLang's count
+    ours = kv.create_prefill_budget(cache)
+    reach = counted - closing
+    assert ours.remaining_total == reach
+    assert _check(ours, reach - 1) and not _check(ours, reach)
+    slots = alloc_token_slots(cache, reach)  # SGLang's evict-then-alloc gets every token
+    assert slots is not None and len(slots) == reach
+    assert kv.available_size() == 0 and cache.full_evictable_size() == 0  # and no more
+    shared.check_integrity()
+    cache.memory.check_integrity()
+    for node in locked:
+        cache.dec_lock_ref(node)

@@ -92,6 +92,23 @@ class SharedJengaPool(EnginePool):
             pool.free_large_pages + whole, pool.empty_pages(self.state_type) + empty
         )
 
+    def kv_closing(self, state_ids: Collection[int] = ()) -> int:
+        """KV pages that freeing KV may fail to add to `room(kv)`, once the states of
+        `state_ids` (distinct allocated engine ids) are freed as well: the reserve needs more
+        large pages than are free, and takes each one a free returns until it has them.
+        Freeing those states and any F KV pages raises `room(kv)` by at least F minus this,
+        in any order (a large page returned whole brings back its empty pages too, and only
+        the ones the reserve closes are lost; freeing more never closes more), so an
+        admission that counts evictable KV as room must count this much less."""
+        pool, geometry = self.pool, self.pool.geometry
+        whole = empty = 0
+        if state_ids:
+            whole, empty = pool.release_outcome(self.state_type, [i - 1 for i in state_ids])
+        short = max(0, self.reserve_needed() - pool.empty_pages(self.state_type) - empty)
+        need = -(-short // geometry.of(self.state_type).per_large)
+        free_large = pool.free_large_pages + whole
+        return max(0, need - free_large) * geometry.of(self.kv_type).per_large
+
     def _kv_room(self, free_large: int, empty_states: int) -> int:
         """KV pages that can be taken with `free_large` free large pages and `empty_states`
         empty state pages carved: the empty KV pages, plus the free large pages the reserve

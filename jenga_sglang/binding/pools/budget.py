@@ -72,7 +72,20 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         return max(0, gained) * int(self.page_size)
 
     def _available_and_evictable(self) -> int:
-        return int(super()._available_and_evictable()) + self._state_kv
+        """Free KV tokens, what evicting the tree's evictable KV frees, and (retrying) what
+        dropping its states does. SGLang counts evictable KV one to one; on the pool a KV free
+        that returns a large page while the state reserve is short of free ones gives that
+        page to the reserve (`SharedJengaPool.kv_closing`, counted with the tree's evictable
+        states freed too, as evicting everything evictable frees them: only asked when the
+        reserve is short, so the walk of those states is rare), so that much is not counted.
+        Without it an admission could take more than its allocation then got: SGLang's
+        `alloc_for_extend` ran out of memory (bench/RESULTS.md, the host tier's sessions)."""
+        evictable = int(self.tree_cache.full_evictable_size())
+        closing = self.shared.kv_closing() if evictable else 0
+        if closing and self.tree_cache.mamba_evictable_size():
+            closing = self.shared.kv_closing(self.tree_cache.evictable_state_ids())
+        available = int(self.allocator.available_size())
+        return available + max(0, evictable - closing * int(self.page_size)) + self._state_kv
 
     def _retry(self, decide: Callable[[], T], yes: Callable[[T], bool]) -> T:
         """`decide()` as SGLang counts; if that says no while nothing runs or was admitted
