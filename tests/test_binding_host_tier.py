@@ -11,6 +11,7 @@ round trip mean the right prefix's state and the right tokens' KV, not merely so
 from __future__ import annotations
 
 import pickle
+from array import array
 from typing import Any
 
 import pytest
@@ -96,6 +97,50 @@ def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
     assert snap.host_loaded_bytes > 0 and snap.host_stored_bytes >= snap.host_loaded_bytes
     s.prefill(req, 7)
     s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
+    s.cache.sanity_check()
+    s.slots_balance()
+
+
+class Budget:
+    """This pass's admission budget as the backend reads it (binding/pools/budget.py
+    `SharedPoolBudget.surely_refuses`), with a fixed answer; records what it was asked."""
+
+    def __init__(self, refuses: bool) -> None:
+        self.refuses, self.asked = refuses, []
+
+    def surely_refuses(self, tokens: int) -> bool:
+        self.asked.append(tokens)
+        return self.refuses
+
+
+def test_a_turn_this_pass_refuses_anyway_leaves_its_hit_on_host(sg: Any) -> None:
+    """The admitting match of a turn the pass's budget refuses even with its device hit loads
+    nothing (the loaded nodes would wait unlocked, and might go back before the next pass);
+    the next pass, whose budget may admit it, loads the hit as before."""
+    s = tiered(sg)
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    turn = first_in + first_out + tokens(5, 12)
+    refusing = Budget(refuses=True)
+    s.cache.admission_budget = refusing
+    probe = sg.Req(
+        rid="refused",
+        origin_input_text="",
+        origin_input_ids=array("q", turn),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=4),
+    )
+    probe.init_next_round_input(s.cache)  # the adder's match; add_one_req then refuses it
+    assert refusing.asked == [len(turn) - int(probe.prefix_len)]
+    assert int(probe.prefix_len) < 100 and s.cache.host_hit_tokens == 0
+    snap = s.cache.snapshot()
+    assert snap.host_loads_deferred == 1 and snap.host_loaded_bytes == 0
+    s.cache.sanity_check()
+    s.cache.admission_budget = Budget(refuses=False)
+    req = s.admit(turn, 4)
+    assert int(req.prefix_len) >= 100 and s.cache.host_hit_tokens > 0
+    s.prefill(req, 7)
+    s.decode_and_finish(req, turn, [7, 8, 9, 10])
     s.cache.sanity_check()
     s.slots_balance()
 

@@ -486,9 +486,16 @@ def test_admission_counts_the_kv_the_trees_evictable_states_would_free(
     reach = counted + freed
     assert not _check(PrefillBudget(kv, cache), counted)  # SGLang's count: at most counted - 1
     assert _check(ours, reach - 1)
+    # The backend's question at a request's match (a host load then would be futile): never
+    # yes where SGLang's would admit, and it owes nothing and logs nothing.
+    assert cache.admission_budget is ours
+    assert [ours.surely_refuses(t) for t in (reach - 1, reach, reach + 1)] == [False] * 2 + [True]
+    assert cache.owed_kv == 0
     busy = kv.create_prefill_budget(cache)
     busy.total_offset = busy.current_offset = 1  # a running request's reservation
     assert not _check(busy, counted - 1)  # it will free KV: the head waits as SGLang's does
+    assert cache.admission_budget is busy and busy.surely_refuses(counted)
+    assert not busy.surely_refuses(counted - 1)
     monkeypatch.setattr(budget, "_last_stall_report", float("-inf"))
     with caplog.at_level(logging.WARNING, logger=budget.__name__):
         assert not _check(ours, reach)  # nothing runs to free more: said, with the figures

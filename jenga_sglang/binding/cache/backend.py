@@ -29,7 +29,7 @@ taken (one already exists there) and the caller frees it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
@@ -65,6 +65,9 @@ from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.match import MatchResult as TreeMatch
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.tokens import TokenSeq
+
+if TYPE_CHECKING:
+    from jenga_sglang.binding.pools.budget import SharedPoolBudget
 
 
 class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignore[misc]  # sglang: no types
@@ -107,6 +110,8 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         self.slot_tree = SlotTree(self.cache, self.slots)
         self.host = attach_live_tier(self.cache, self.slots, spec, options)  # --jenga-host-gb
         self.host_hit_tokens = 0  # of `hit_tokens`, loaded from host memory
+        self.host_loads_deferred = 0  # admitting matches that left a host hit on host
+        self.admission_budget: SharedPoolBudget | None = None  # this pass's (pools/budget.py)
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
             StateHandOver(
@@ -158,7 +163,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             held_back=self.held_back,
             shared_branches=self.shared_branches,
             unseeded=self.unseeded,
-            **host_counters(self.host, self.host_hit_tokens),
+            **host_counters(self.host, self.host_hit_tokens, self.host_loads_deferred),
         )
 
     def sync_metrics(self) -> None:
@@ -216,11 +221,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             self._pay_owed_kv()
         found = self.cache.lookup(tokens, namespace)
         if self.host is not None:  # binding/host/tier.py: load at admission, else device only
-            if admits(params, self.state_type is not None):
-                found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
-                self.host_hit_tokens += loaded
-            else:
-                found = device_only(self.cache, found)
+            found = self._host_hit(params, tokens, whole, found, namespace)
         planned = self._admit(params, found, whole, namespace)  # records the hit, plans
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
@@ -243,6 +244,33 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             mamba_branching_seqlen=self._branch_for_sglang(planned),
             full_kv_hit_length=found.walk.length,
         )
+
+    def _host_hit(
+        self,
+        params: MatchPrefixParams,
+        tokens: TokenSeq,
+        whole: TokenSeq,
+        found: TreeMatch,
+        namespace: str | None,
+    ) -> TreeMatch:
+        """The match with the host tier: loaded back at the match SGLang admits the request
+        on, unless this pass's budget refuses it even so (the load would be undone before it
+        could be used: binding/pools/budget.py `surely_refuses`); else the device part."""
+        assert self.host is not None
+        if admits(params, self.state_type is not None):
+            device = device_only(self.cache, found)
+            budget = self.admission_budget
+            if (
+                device is found
+                or budget is None
+                or not budget.surely_refuses(len(whole) - device.length)
+            ):
+                found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
+                self.host_hit_tokens += loaded
+                return found
+            self.host_loads_deferred += 1
+            return device
+        return device_only(self.cache, found)
 
     def _branch_for_sglang(self, planned: Planned) -> int | None:
         """The position SGLang ends a prefill chunk at (prefill_cut): none with in-pass capture."""

@@ -5,8 +5,11 @@ places the backend's request path meets it.
   (`init_next_round_input`: `cow_mamba` on a Mamba model) runs the tier's `prepare`
   (radix/host_load.py): when loading the hit's host part beats recomputing it, every host node
   on the request's walk moves to device slots the engine allocates, bytes included, and the
-  match covers it. The scheduler's other matches (the waiting queue's priority probes) see the
-  device hit only and move nothing, so a request that waits loads nothing until it is admitted.
+  match covers it. Not when the pass's admission budget refuses the request even so
+  (binding/pools/budget.py `surely_refuses`): the loaded nodes would wait unlocked, and could
+  go back to host before the request is admitted. The scheduler's other matches (the waiting
+  queue's priority probes) see the device hit only and move nothing, so a request that waits
+  loads nothing until it is admitted.
   SGLang is told nothing of the host: to it the loaded tokens are a device hit
   (`host_hit_length` stays 0, and HiCache's `init_load_back` path never runs).
 * **An insert's path** (radix/host.py `clear_walk`, called by slots/tree.py): between the match
@@ -100,7 +103,7 @@ def device_only(cache: PrefixCache, found: MatchResult) -> MatchResult:
     return cache.tree.match_walk(Walk(min(found.walk.length, path[first].start), path[:first]))
 
 
-def host_counters(host: HostTier | None, hit_tokens: int) -> dict[str, Any]:
+def host_counters(host: HostTier | None, hit_tokens: int, deferred: int) -> dict[str, Any]:
     """The tier's fields of the backend's metrics snapshot (binding/cache/metrics.py)."""
     if host is None:
         return {}
@@ -113,6 +116,7 @@ def host_counters(host: HostTier | None, hit_tokens: int) -> dict[str, Any]:
     }
     return {
         "host_hit_tokens": hit_tokens,
+        "host_loads_deferred": deferred,
         "host_stored_bytes": copies.stored_bytes,
         "host_loaded_bytes": copies.loaded_bytes,
         "host_bytes": held,

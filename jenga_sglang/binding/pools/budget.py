@@ -24,6 +24,11 @@ it, and the one wait that never ends, with nothing running, is the one it ends. 
 depends on the tree and the pool alone, so tensor-parallel ranks, which hold equal trees,
 decide alike.
 
+The adder makes its budget before it matches the pass's waiting requests; the budget leaves
+itself on the backend (`admission_budget`), whose admitting match asks it `surely_refuses`:
+with a host tier (`--jenga-host-gb`), a hit is loaded back only for a request this pass may
+admit (binding/host/tier.py).
+
 Still short with nothing running, the request's own cached path is what pins the pool:
 SGLang locks it while deciding, and our lock pins every state on it (the same session's
 tenth turn: 148 tokens needed, 142 reachable, 17 of its path's states locked). The budget
@@ -62,6 +67,9 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
         self.shared: SharedJengaPool = allocator.shared
         self._state_kv = 0  # what state_tokens() adds while a question is asked again
+        # PrefillAdder makes one budget per pass, before it matches the waiting requests: the
+        # backend's admitting match reads it (`surely_refuses`) to spare a futile host load.
+        tree_cache.admission_budget = self
 
     def state_tokens(self) -> int:
         """KV tokens dropping every evictable state of the tree would free, pool as it is."""
@@ -99,6 +107,21 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
             return decide()
         finally:
             self._state_kv = 0
+
+    def surely_refuses(self, tokens: int) -> bool:
+        """Whether this pass refuses a request that has `tokens` left to prefill with its
+        device hit, whatever else it asks for: every admission SGLang makes needs them within
+        the remaining tokens (counted as the retry counts them), and loading more of its hit
+        from host memory would not change that, since the loaded tokens take the same room
+        its prefill would. Asked at the request's match, before its path is locked, so the
+        count includes that path's own evictable KV: it errs towards admitting. Nothing
+        changes (no stall is reported, nothing is owed)."""
+        remaining = int(self.remaining_total)
+        if tokens <= remaining:
+            return False
+        if self.total_offset or not self.tree_cache.mamba_evictable_size():
+            return True
+        return tokens > remaining + self.state_tokens()
 
     # ---- the questions SGLang's PrefillAdder asks (sglang/srt/mem_cache/prefill_budget.py)
 
