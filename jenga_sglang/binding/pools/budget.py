@@ -84,8 +84,9 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         dropping its states does. SGLang counts evictable KV one to one; on the pool a KV free
         that returns a large page while the state reserve is short of free ones gives that
         page to the reserve (`SharedJengaPool.kv_closing`, counted with the tree's evictable
-        states freed too, as evicting everything evictable frees them: only asked when the
-        reserve is short, so the walk of those states is rare), so that much is not counted.
+        states freed too, as evicting everything evictable frees them; those states are
+        walked only while the reserve is short of free large pages, O(states) each time), so
+        that much is not counted.
         Without it an admission could take more than its allocation then got: SGLang's
         `alloc_for_extend` ran out of memory (bench/RESULTS.md, the host tier's sessions)."""
         evictable = int(self.tree_cache.full_evictable_size())
