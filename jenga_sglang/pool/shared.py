@@ -96,10 +96,12 @@ class SharedJengaPool(EnginePool):
         """KV pages that freeing KV may fail to add to `room(kv)`, once the states of
         `state_ids` (distinct allocated engine ids) are freed as well: the reserve needs more
         large pages than are free, and takes each one a free returns until it has them.
-        Freeing those states and any F KV pages raises `room(kv)` by at least F minus this,
-        in any order (a large page returned whole brings back its empty pages too, and only
-        the ones the reserve closes are lost; freeing more never closes more), so an
-        admission that counts evictable KV as room must count this much less."""
+        Freeing those states and any F KV pages changes `room(kv)` by at least F minus this,
+        in any order: only the large pages the reserve closes are lost, with the empty KV
+        pages they held, so room may even fall (the last used page of a KV large page freed
+        hands the whole page to the reserve); freeing states never closes more. An admission
+        that counts evictable KV as room must count this much less; it still fits what is
+        free without evicting anything."""
         pool, geometry = self.pool, self.pool.geometry
         whole = empty = 0
         if state_ids:

@@ -94,6 +94,7 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         if closing and self.tree_cache.mamba_evictable_size():
             closing = self.shared.kv_closing(self.tree_cache.evictable_state_ids())
         available = int(self.allocator.available_size())
+        # What fits without evicting still fits: SGLang evicts only for what is not free.
         return available + max(0, evictable - closing * int(self.page_size)) + self._state_kv
 
     def _retry(self, decide: Callable[[], T], yes: Callable[[T], bool]) -> T:
