@@ -605,3 +605,42 @@ def test_admission_counts_less_evictable_kv_while_the_state_reserve_takes_pages_
     cache.memory.check_integrity()
     for node in locked:
         cache.dec_lock_ref(node)
+
+
+def test_one_question_walks_the_trees_states_once(sg: Any) -> None:
+    """While the reserve is short, the budget's count frees the tree's evictable states in
+    its head (`kv_closing`), and a retried question counts their KV as well: one walk of
+    those states per question however often it reads the remaining tokens, and a fresh one
+    for the next question (the tree may have changed in between)."""
+    pools = _pools(sg, kv_tokens=64, states=12, reserve=2)  # a large page: 8 KV or 1 state
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    held = [pools.req_to_token_pool.mamba_allocator.alloc(1) for _ in range(2)]
+    rows = []
+    while kv.available_size() >= 8:
+        rows.append(kv.alloc(8))
+    for i, slots in enumerate(rows):
+        key = sg.RadixKey(array("q", range(1000 * (i + 1), 1000 * (i + 1) + 8)))
+        state = held[i] if i < 2 else None
+        done = cache.insert(sg.bpc.InsertParams(key=key, value=slots, mamba_value=state))
+        if i == 0:
+            locked = done.last_device_node
+            cache.inc_lock_ref(locked)  # one state locked, the other evictable
+    assert shared.kv_closing() == 16 and len(cache.evictable_state_ids()) == 1
+    walks = 0
+    walk = cache.evictable_state_ids
+
+    def counted() -> frozenset[int]:
+        nonlocal walks
+        walks += 1
+        return walk()
+
+    cache.evictable_state_ids = counted
+    ours = kv.create_prefill_budget(cache)
+    assert ours.has_capacity() and walks == 1  # remaining_total and remaining_current
+    reach = ours.remaining_total + ours.state_tokens()  # outside a question: walked anew
+    assert walks == 3
+    assert _check(ours, reach - 1) and walks == 4
+    assert ours.surely_refuses(reach + 1) and walks == 5
+    del cache.evictable_state_ids
+    cache.dec_lock_ref(locked)

@@ -86,11 +86,8 @@ class SharedJengaPool(EnginePool):
         Freeing them leaves `reserve_needed()` as it is (the tree's states and the allocated
         ones fall alike), so what changes is which large pages are free and which state pages
         stay empty in carved ones (`JengaPool.release_outcome`)."""
-        pool = self.pool
-        whole, empty = pool.release_outcome(self.state_type, [i - 1 for i in state_ids])
-        return self._kv_room(
-            pool.free_large_pages + whole, pool.empty_pages(self.state_type) + empty
-        )
+        free_large, empty_states = self._freeing(state_ids)
+        return self._kv_room(free_large, empty_states)
 
     def kv_closing(self, state_ids: Collection[int] = ()) -> int:
         """KV pages that freeing KV may fail to add to `room(kv)`, once the states of
@@ -102,21 +99,28 @@ class SharedJengaPool(EnginePool):
         hands the whole page to the reserve); freeing states never closes more. An admission
         that counts evictable KV as room must count this much less; it still fits what is
         free without evicting anything."""
-        pool, geometry = self.pool, self.pool.geometry
+        free_large, empty_states = self._freeing(state_ids)
+        need = self._reserve_large(empty_states)
+        return max(0, need - free_large) * self.pool.geometry.of(self.kv_type).per_large
+
+    def _freeing(self, state_ids: Collection[int]) -> tuple[int, int]:
+        """Free large pages and empty state pages once the states of `state_ids` are freed,
+        nothing moved (`JengaPool.release_outcome`)."""
+        pool = self.pool
         whole = empty = 0
         if state_ids:
             whole, empty = pool.release_outcome(self.state_type, [i - 1 for i in state_ids])
-        short = max(0, self.reserve_needed() - pool.empty_pages(self.state_type) - empty)
-        need = -(-short // geometry.of(self.state_type).per_large)
-        free_large = pool.free_large_pages + whole
-        return max(0, need - free_large) * geometry.of(self.kv_type).per_large
+        return pool.free_large_pages + whole, pool.empty_pages(self.state_type) + empty
+
+    def _reserve_large(self, empty_states: int) -> int:
+        """Large pages the reserve needs beyond `empty_states` empty state pages carved."""
+        short = max(0, self.reserve_needed() - empty_states)
+        return -(-short // self.pool.geometry.of(self.state_type).per_large)
 
     def _kv_room(self, free_large: int, empty_states: int) -> int:
         """KV pages that can be taken with `free_large` free large pages and `empty_states`
         empty state pages carved: the empty KV pages, plus the free large pages the reserve
         does not close (it closes what the empty state pages leave short of its need)."""
-        geometry = self.pool.geometry
-        short = max(0, self.reserve_needed() - empty_states)
-        closed = min(free_large, -(-short // geometry.of(self.state_type).per_large))
-        kv_per_large = geometry.of(self.kv_type).per_large
+        closed = min(free_large, self._reserve_large(empty_states))
+        kv_per_large = self.pool.geometry.of(self.kv_type).per_large
         return self.pool.empty_pages(self.kv_type) + (free_large - closed) * kv_per_large

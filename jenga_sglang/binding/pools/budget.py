@@ -67,40 +67,71 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         super().__init__(allocator, tree_cache, num_mixed_decode_tokens=num_mixed_decode_tokens)
         self.shared: SharedJengaPool = allocator.shared
         self._state_kv = 0  # what state_tokens() adds while a question is asked again
+        # Within one question (`_question`) the tree does not change: its evictable states are
+        # walked, and what the reserve takes back is computed, once however often it is read.
+        self._asking = False
+        self._states: frozenset[int] | None = None
+        self._closing: int | None = None
         # PrefillAdder makes one budget per pass, before it matches the waiting requests: the
         # backend's admitting match reads it (`surely_refuses`) to spare a futile host load.
         tree_cache.admission_budget = self
+
+    def _question(self, ask: Callable[[], T]) -> T:
+        """`ask()`, one of SGLang's questions, with the tree's states walked at most once."""
+        if self._asking:
+            return ask()
+        self._asking = True
+        try:
+            return ask()
+        finally:
+            self._asking, self._states, self._closing = False, None, None
+
+    def _evictable_states(self) -> frozenset[int]:
+        states = self._states
+        if states is None:
+            states = self.tree_cache.evictable_state_ids()
+            if self._asking:
+                self._states = states
+        return states
 
     def state_tokens(self) -> int:
         """KV tokens dropping every evictable state of the tree would free, pool as it is."""
         if not self.tree_cache.mamba_evictable_size():
             return 0
-        shared, evictable = self.shared, self.tree_cache.evictable_state_ids()
-        gained = shared.kv_room_freeing(evictable) - shared.room(shared.kv_type)
+        shared = self.shared
+        gained = shared.kv_room_freeing(self._evictable_states()) - shared.room(shared.kv_type)
         return max(0, gained) * int(self.page_size)
+
+    def _kv_closing(self) -> int:
+        """`SharedJengaPool.kv_closing` with the tree's evictable states freed; those are
+        walked only while the reserve is short of free large pages."""
+        closing = self._closing
+        if closing is None:
+            closing = self.shared.kv_closing()
+            if closing and self.tree_cache.mamba_evictable_size():
+                closing = self.shared.kv_closing(self._evictable_states())
+            if self._asking:
+                self._closing = closing
+        return closing
 
     def _available_and_evictable(self) -> int:
         """Free KV tokens, what evicting the tree's evictable KV frees, and (retrying) what
         dropping its states does. SGLang counts evictable KV one to one; on the pool a KV free
         that returns a large page while the state reserve is short of free ones gives that
         page to the reserve (`SharedJengaPool.kv_closing`, counted with the tree's evictable
-        states freed too, as evicting everything evictable frees them; those states are
-        walked only while the reserve is short of free large pages, O(states) each time), so
-        that much is not counted.
-        Without it an admission could take more than its allocation then got: SGLang's
-        `alloc_for_extend` ran out of memory (bench/RESULTS.md, the host tier's sessions)."""
+        states freed too, as evicting everything evictable frees them: `_kv_closing`), so
+        that much is not counted. Without it an admission could take more than its
+        allocation then got: SGLang's `alloc_for_extend` ran out of memory (bench/RESULTS.md,
+        the host tier's sessions)."""
         evictable = int(self.tree_cache.full_evictable_size())
-        closing = self.shared.kv_closing() if evictable else 0
-        if closing and self.tree_cache.mamba_evictable_size():
-            closing = self.shared.kv_closing(self.tree_cache.evictable_state_ids())
-        available = int(self.allocator.available_size())
+        closing = self._kv_closing() * int(self.page_size) if evictable else 0
         # What fits without evicting still fits: SGLang evicts only for what is not free.
-        return available + max(0, evictable - closing * int(self.page_size)) + self._state_kv
+        return int(super()._available_and_evictable()) - min(evictable, closing) + self._state_kv
 
     def _retry(self, decide: Callable[[], T], yes: Callable[[T], bool]) -> T:
         """`decide()` as SGLang counts; if that says no while nothing runs or was admitted
-        (no offset), again with the states' KV counted (one walk of the tree's states for the
-        question, however often it reads the remaining tokens)."""
+        (no offset), again with the states' KV counted (the question's one walk of the
+        tree's states, however often it reads the remaining tokens)."""
         answer = decide()
         if yes(answer) or self.total_offset or not self.tree_cache.mamba_evictable_size():
             return answer
@@ -118,27 +149,36 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         its prefill would. Asked at the request's match, before its path is locked, so the
         count includes that path's own evictable KV: it errs towards admitting. Nothing
         changes (no stall is reported, nothing is owed)."""
-        remaining = int(self.remaining_total)
-        if tokens <= remaining:
-            return False
-        if self.total_offset or not self.tree_cache.mamba_evictable_size():
-            return True
-        return tokens > remaining + self.state_tokens()
+
+        def ask() -> bool:
+            remaining = int(self.remaining_total)
+            if tokens <= remaining:
+                return False
+            if self.total_offset or not self.tree_cache.mamba_evictable_size():
+                return True
+            return tokens > remaining + self.state_tokens()
+
+        return self._question(ask)
 
     # ---- the questions SGLang's PrefillAdder asks (sglang/srt/mem_cache/prefill_budget.py)
 
     def has_capacity(self) -> bool:
-        return self._retry(lambda: bool(super(SharedPoolBudget, self).has_capacity()), bool)
+        return self._question(
+            lambda: self._retry(lambda: bool(super(SharedPoolBudget, self).has_capacity()), bool)
+        )
 
     def check_prefill(self, **kwargs: Any) -> tuple[bool, int | None]:
         def decide() -> tuple[bool, int | None]:
             admit, limit = super(SharedPoolBudget, self).check_prefill(**kwargs)
             return bool(admit), limit
 
-        answer = self._retry(decide, lambda answer: answer[0])
-        if not answer[0] and not self.total_offset:
-            self._stalled(int(kwargs.get("total_tokens", 0)))
-        return answer
+        def ask() -> tuple[bool, int | None]:
+            answer = self._retry(decide, lambda answer: answer[0])
+            if not answer[0] and not self.total_offset:
+                self._stalled(int(kwargs.get("total_tokens", 0)))
+            return answer
+
+        return self._question(ask)
 
     def _stalled(self, tokens: int) -> None:
         """No running or admitted request reserves tokens (no offset), and the request does
@@ -164,9 +204,10 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         )
 
     def can_allocate_prefill(self, **kwargs: Any) -> bool:
-        return self._retry(
-            lambda: bool(super(SharedPoolBudget, self).can_allocate_prefill(**kwargs)), bool
-        )
+        def decide() -> bool:
+            return bool(super(SharedPoolBudget, self).can_allocate_prefill(**kwargs))
+
+        return self._question(lambda: self._retry(decide, bool))
 
     def available_chunk_tokens(self, chunk_limit: int) -> int | None:
         """A continuing chunk as large as the limit allows: counted with the states' KV when
@@ -176,4 +217,6 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
             tokens = super(SharedPoolBudget, self).available_chunk_tokens(chunk_limit)
             return None if tokens is None else int(tokens)
 
-        return self._retry(decide, lambda tokens: tokens is not None and tokens >= chunk_limit)
+        return self._question(
+            lambda: self._retry(decide, lambda t: t is not None and t >= chunk_limit)
+        )
