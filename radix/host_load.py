@@ -69,17 +69,10 @@ def prepare(
     (nothing to do: the caller's walk and match stand)."""
     tree = cache.tree
     path = walk.path
-    if not any(n.host or n.host_state is not None for n in path):
+    offered = offer(cache, host, walk, whole)
+    if offered is None:
         return None
-    limit = min(whole, walk.length)
-    hit = longest_common_valid(host.rules, path, limit)
-    device = _device_hit(cache, path, limit)
-    load_bytes = _load_bytes(host, path, device, hit)
-    if hit > device:
-        flops = cache.cost.flops
-        after, without = flops(whole) - flops(hit), flops(whole) - flops(device)
-        if not host.policy.loads(load_bytes, after, without):
-            hit, load_bytes = device, 0
+    device, hit, load_bytes = offered
     beyond = _bytes_past(host, path, walk.length)  # of the last node, moved whole
     if not _promote(cache, host, walk, hit):
         hit, load_bytes = device, 0
@@ -92,6 +85,28 @@ def prepare(
     assert tree.match_walk(full.prefix(hit)).length == hit, f"{hit} tokens not on the device"
     found = MatchResult(hit, tuple(n for n in full.path if n.start < hit), full)
     return walk, found, Loaded(hit - device, load_bytes)
+
+
+def offer(
+    cache: PrefixCache, host: HostTier, walk: Walk, whole: int
+) -> tuple[int, int, int] | None:
+    """What `prepare` would do for this walk, nothing moved: the device hit D, the hit H the
+    request resumes from once loaded (D when the tier policy prefers recomputing [D, H)), and
+    the bytes that load moves; None when no node on the walk is in host memory and no host
+    checkpoint ends a hit."""
+    path = walk.path
+    if not any(n.host or n.host_state is not None for n in path):
+        return None
+    limit = min(whole, walk.length)
+    hit = longest_common_valid(host.rules, path, limit)
+    device = _device_hit(cache, path, limit)
+    load_bytes = _load_bytes(host, path, device, hit)
+    if hit > device:
+        flops = cache.cost.flops
+        after, without = flops(whole) - flops(hit), flops(whole) - flops(device)
+        if not host.policy.loads(load_bytes, after, without):
+            hit, load_bytes = device, 0
+    return device, hit, load_bytes
 
 
 def _device_hit(cache: PrefixCache, path: tuple[Node, ...], limit: int) -> int:

@@ -43,6 +43,7 @@ def load_sg() -> Any:
     import torch
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ScheduleBatch
     from sglang.srt.mem_cache.allocation import alloc_req_slots, alloc_token_slots
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
     from sglang.srt.runtime_context import mamba_cache_chunk_size, mamba_track_grid
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -50,6 +51,7 @@ def load_sg() -> Any:
     return SimpleNamespace(
         torch=torch,
         FINISH_LENGTH=FINISH_LENGTH,
+        InitLoadBackParams=InitLoadBackParams,
         Req=Req,
         ScheduleBatch=ScheduleBatch,
         alloc_req_slots=alloc_req_slots,
@@ -236,7 +238,23 @@ class Session:
             **fields,
         )
         req.init_next_round_input(self.cache)  # match_prefix(cow_mamba=True, req=req)
-        req.lock = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req
+        pin = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req, while it decides
+        try:
+            if req.needs_host_load_back():  # admitted with a host hit: SGLang's load-back
+                loaded = self.cache.init_load_back(
+                    sg.InitLoadBackParams(
+                        best_match_node=req.best_match_node,
+                        host_hit_length=req.host_hit_length,
+                        req=req,
+                    )
+                )
+                assert loaded is not None
+                req.host_loaded_length, req.last_node = loaded
+                req.prefix_len += req.host_loaded_length
+                req.kv.cache_protected_len = req.prefix_len  # load_back_is_cache_owned()
+            req.lock = self.cache.lock(req.last_node)  # its commit
+        finally:
+            self.cache.unlock(pin)
         sg.alloc_req_slots(self.pool, [req], self.cache)
         return req
 

@@ -101,50 +101,6 @@ def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
     s.slots_balance()
 
 
-class Budget:
-    """This pass's admission budget as the backend reads it (binding/pools/budget.py
-    `SharedPoolBudget.surely_refuses`), with a fixed answer; records what it was asked."""
-
-    def __init__(self, refuses: bool) -> None:
-        self.refuses, self.asked = refuses, []
-
-    def surely_refuses(self, tokens: int) -> bool:
-        self.asked.append(tokens)
-        return self.refuses
-
-
-def test_a_turn_this_pass_refuses_anyway_leaves_its_hit_on_host(sg: Any) -> None:
-    """The admitting match of a turn the pass's budget refuses even with its device hit loads
-    nothing (the loaded nodes would wait unlocked, and might go back before the next pass);
-    the next pass, whose budget may admit it, loads the hit as before."""
-    s = tiered(sg)
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
-    turn = first_in + first_out + tokens(5, 12)
-    refusing = Budget(refuses=True)
-    s.cache.admission_budget = refusing
-    probe = sg.Req(
-        rid="refused",
-        origin_input_text="",
-        origin_input_ids=array("q", turn),
-        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=4),
-    )
-    probe.init_next_round_input(s.cache)  # the adder's match; add_one_req then refuses it
-    assert refusing.asked == [len(turn) - int(probe.prefix_len)]
-    assert int(probe.prefix_len) < 100 and s.cache.host_hit_tokens == 0
-    snap = s.cache.snapshot()
-    assert snap.host_loads_deferred == 1 and snap.host_loaded_bytes == 0
-    s.cache.sanity_check()
-    s.cache.admission_budget = Budget(refuses=False)
-    req = s.admit(turn, 4)
-    assert int(req.prefix_len) >= 100 and s.cache.host_hit_tokens > 0
-    s.prefill(req, 7)
-    s.decode_and_finish(req, turn, [7, 8, 9, 10])
-    s.cache.sanity_check()
-    s.slots_balance()
-
-
 @pytest.mark.parametrize("leaves", ["aborted in prefill", "retracted in decode"])
 def test_a_request_that_leaves_after_its_load_gives_everything_back(sg: Any, leaves: str) -> None:
     """A turn whose hit came back from host memory is aborted once its prefill is scheduled,
@@ -196,9 +152,12 @@ def test_without_the_flag_the_same_turn_misses(sg: Any) -> None:
     assert hit == 0
 
 
-def test_a_waiting_requests_probe_loads_nothing(sg: Any) -> None:
-    """The scheduler's priority probes (cow_mamba off) see the device hit and move nothing."""
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+def test_a_match_reports_the_host_hit_and_only_admission_loads_it(sg: Any) -> None:
+    """Probes and the match a waiting request gets each round (cow_mamba on) report what the
+    tier offers past the device hit as SGLang's `host_hit_length` and move nothing, so a
+    request PrefillAdder refuses loads nothing; its `init_load_back`, once admitted, loads
+    exactly the promised tokens."""
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     s = tiered(sg)
@@ -212,7 +171,63 @@ def test_a_waiting_requests_probe_loads_nothing(sg: Any) -> None:
         MatchPrefixParams(key=RadixKey(first_in + first_out), cow_mamba=False, req=None)
     )
     assert probe.device_prefix_len == 0 and len(host.host_nodes()) == on_host
-    assert s.cache.host_hit_tokens == 0
+    turn = first_in + first_out + tokens(5, 12)
+    req = sg.Req(
+        rid="waits", origin_input_text="", origin_input_ids=array("q", turn),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=4),
+    )  # fmt: skip
+    for _ in range(3):  # three rounds in the waiting queue, refused by the budget each time
+        req.init_next_round_input(s.cache)
+        assert req.prefix_len == 0 and req.host_hit_length >= 100 and req.mamba_host_hit_length
+        assert len(host.host_nodes()) == on_host and s.cache.host_hit_tokens == 0
+    pin = s.cache.lock(req.last_node)
+    loaded = s.cache.init_load_back(
+        InitLoadBackParams(req.best_match_node, req.host_hit_length, req=req)
+    )
+    s.cache.unlock(pin)
+    assert loaded is not None and loaded[0] == req.host_hit_length == s.cache.host_hit_tokens
+    assert s.state_node(turn, loaded[0]).state is not None  # back on the device
+    src = req.kv.mamba_cow_src_index
+    assert src is not None and s.read(int(src[0])) == expected(sg, turn[: loaded[0]])
+    s.pool.free_mamba_cache(req)
+    s.cache.sanity_check()
+
+
+class NoRoomForTheState:
+    """This pass's admission budget as `init_load_back` reads it (binding/pools/budget.py
+    `SharedPoolBudget.fits_loaded_state`): the checkpoint the load brings does not fit."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def fits_loaded_state(self) -> bool:
+        self.asked += 1
+        return False
+
+
+def test_a_load_whose_state_does_not_fit_loads_nothing_and_serves_the_device_hit(
+    sg: Any,
+) -> None:
+    """Where the pass's budget says the checkpoint of an admitted request's host hit would
+    take room its admission counted on, `init_load_back` loads none of the promised tokens
+    (SGLang's all-or-none) and counts a decline; the request is served from its device hit,
+    and its slots balance."""
+    s = tiered(sg)
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    budget = NoRoomForTheState()
+    s.cache.admission_budget = budget
+    turn = first_in + first_out + tokens(5, 12)
+    req = s.admit(turn, 4)  # SGLang's adder: init_load_back on the admitted request
+    assert budget.asked == 1 and req.host_hit_length >= 100 and req.host_loaded_length == 0
+    assert int(req.prefix_len) < 100 and s.cache.host_hit_tokens == 0
+    snap = s.cache.snapshot()
+    assert snap.host_loads_declined == 1 and snap.host_loaded_bytes == 0
+    s.prefill(req, 7)
+    s.decode_and_finish(req, turn, [7, 8, 9, 10])
+    s.cache.sanity_check()
+    s.slots_balance()
 
 
 def test_host_memory_reuses_ids_and_frees_bytes_with_their_last_id() -> None:

@@ -155,6 +155,29 @@ def test_kv_room_freeing_is_the_room_freeing_them_makes(
     assert shared.room(KV) == predicted
 
 
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(4, 9))
+def test_kv_cost_of_state_is_the_room_a_tree_state_takes(
+    steps: list[tuple[str, int]], pages: int
+) -> None:
+    """`kv_cost_of_state()` moves nothing and is what `room(KV)` loses when one more state is
+    allocated and the tree holds it (a checkpoint loaded back from host memory), whatever
+    the layout: 0 while empty state pages spare the reserve, else what its page closes."""
+    shared = _shared(pages, RUNNING * PER_REQUEST)
+    engine = Engine(shared)
+    for op, n in steps:
+        engine.step(op, n)
+    if not shared.room(STATE):
+        return
+    before, room = shared.pool.snapshot(), shared.room(KV)
+    predicted = shared.kv_cost_of_state()
+    assert shared.pool.snapshot() == before and predicted >= 0
+    loaded = shared.alloc(STATE, 1)
+    assert loaded is not None
+    engine.tree.extend(loaded)
+    assert room - shared.room(KV) == predicted
+
+
 def test_kv_room_freeing_refuses_a_state_not_allocated() -> None:
     shared = _shared(4, 2)
     held = shared.alloc(STATE, 1)

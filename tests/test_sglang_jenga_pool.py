@@ -486,16 +486,9 @@ def test_admission_counts_the_kv_the_trees_evictable_states_would_free(
     reach = counted + freed
     assert not _check(PrefillBudget(kv, cache), counted)  # SGLang's count: at most counted - 1
     assert _check(ours, reach - 1)
-    # The backend's question at a request's match (a host load then would be futile): never
-    # yes where SGLang's would admit, and it owes nothing and logs nothing.
-    assert cache.admission_budget is ours
-    assert [ours.surely_refuses(t) for t in (reach - 1, reach, reach + 1)] == [False] * 2 + [True]
-    assert cache.owed_kv == 0
     busy = kv.create_prefill_budget(cache)
     busy.total_offset = busy.current_offset = 1  # a running request's reservation
     assert not _check(busy, counted - 1)  # it will free KV: the head waits as SGLang's does
-    assert cache.admission_budget is busy and busy.surely_refuses(counted)
-    assert not busy.surely_refuses(counted - 1)
     monkeypatch.setattr(budget, "_last_stall_report", float("-inf"))
     with caplog.at_level(logging.WARNING, logger=budget.__name__):
         assert not _check(ours, reach)  # nothing runs to free more: said, with the figures
@@ -641,6 +634,32 @@ def test_one_question_walks_the_trees_states_once(sg: Any) -> None:
     reach = ours.remaining_total + ours.state_tokens()  # outside a question: walked anew
     assert walks == 3
     assert _check(ours, reach - 1) and walks == 4
-    assert ours.surely_refuses(reach + 1) and walks == 5
     del cache.evictable_state_ids
     cache.dec_lock_ref(locked)
+
+
+def test_a_load_back_counts_the_room_its_checkpoint_takes(sg: Any) -> None:
+    """SGLang prepares a load-back with the pass's budget (`prepare_load_back`: the host
+    tokens, the extend, the decode headroom) and reserves no room for a checkpoint the load
+    brings. Ours counts it (`fits_loaded_state`): on this pool a state takes a large page of
+    8 KV tokens, and once the tree holds one more state exactly that much less is left."""
+    pools = _pools(sg, kv_tokens=64, states=12, reserve=1)  # 11 large pages: 8 KV or 1 state
+    cache = _backend(sg, pools)
+    shared, kv = pools.shared, pools.token_to_kv_pool_allocator
+    _insert(sg, cache, pools, list(range(16)))
+    ours = kv.create_prefill_budget(cache)
+    assert cache.admission_budget is ours
+    cost = shared.kv_cost_of_state()
+    left = int(ours.remaining_total)
+    assert cost == 8 and left > cost
+
+    def prepared(tokens: int) -> bool:
+        assert ours.prepare_load_back(
+            full_tokens=tokens, extend_input_len=tokens, max_new_tokens=0,
+            swa_host_hit_length=0, chunk_limit=None,
+        )  # fmt: skip
+        return bool(ours.fits_loaded_state())
+
+    assert prepared(left - cost) and not prepared(left - cost + 1)
+    _insert(sg, cache, pools, list(range(100, 101)))  # one more state in the tree (its KV
+    assert int(ours.remaining_total) == left - cost  # stays evictable: counted as before)

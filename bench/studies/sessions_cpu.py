@@ -74,7 +74,7 @@ HOST_COUNTERS = {
         "host_hit_tokens_total",
         "host_stored_bytes_total",
         "host_loaded_bytes_total",
-        "host_loads_deferred_total",
+        "host_loads_declined_total",
         "hit_tokens_total",
     )
 }
@@ -96,8 +96,8 @@ def serve_sessions(
 
 def host_metrics(url: str) -> dict[str, float]:
     """The host tier's counters from the server's /metrics (binding/cache/metrics.py), summed
-    over ranks: hit tokens loaded from host, bytes stored and loaded, loads left for a later
-    pass (the pass's budget refused the request anyway), and all hit tokens."""
+    over ranks: hit tokens loaded from host, bytes stored and loaded, load-backs declined for
+    the checkpoint's room (binding/pools/budget.py `fits_loaded_state`), and all hit tokens."""
     return scrape_counters(url, HOST_COUNTERS)
 
 

@@ -103,6 +103,22 @@ class SharedJengaPool(EnginePool):
         need = self._reserve_large(empty_states)
         return max(0, need - free_large) * self.pool.geometry.of(self.kv_type).per_large
 
+    def kv_cost_of_state(self) -> int:
+        """KV pages `room(kv)` loses when one more state is allocated and the tree holds it
+        (a state loaded back from host memory): none while the reserve keeps enough empty
+        state pages, else up to a large page's worth (the state's page is one the reserve
+        counted on, so it closes a free large page, or the state carves one itself)."""
+        pool = self.pool
+        free_large, empty = pool.free_large_pages, pool.empty_pages(self.state_type)
+        if empty:
+            after = self._kv_room(free_large, empty - 1)
+        elif free_large:
+            per_state = pool.geometry.of(self.state_type).per_large
+            after = self._kv_room(free_large - 1, per_state - 1)
+        else:
+            return 0  # no room for the state without evicting: its allocation evicts
+        return self.room(self.kv_type) - after
+
     def _freeing(self, state_ids: Collection[int]) -> tuple[int, int]:
         """Free large pages and empty state pages once the states of `state_ids` are freed,
         nothing moved (`JengaPool.release_outcome`)."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
+    InitLoadBackParams,
     InsertParams,
     InsertResult,
     MatchPrefixParams,
@@ -51,11 +52,13 @@ from jenga_sglang.binding.cache.request_path import RequestPath
 from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.cache.tp_share import share_channel
 from jenga_sglang.binding.host.tier import (
-    admits,
+    HostHit,
+    Offer,
     attach_live_tier,
     device_only,
     host_counters,
     load_hit,
+    offered,
 )
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
@@ -110,7 +113,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         self.slot_tree = SlotTree(self.cache, self.slots)
         self.host = attach_live_tier(self.cache, self.slots, spec, options)  # --jenga-host-gb
         self.host_hit_tokens = 0  # of `hit_tokens`, loaded from host memory
-        self.host_loads_deferred = 0  # admitting matches that left a host hit on host
+        self.host_loads_declined = 0  # load-backs refused for the state's room (init_load_back)
         self.admission_budget: SharedPoolBudget | None = None  # this pass's (pools/budget.py)
         self.tuner = build_tuner(options, share_channel(params.tp_cache_group))
         self.handover = (
@@ -163,7 +166,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             held_back=self.held_back,
             shared_branches=self.shared_branches,
             unseeded=self.unseeded,
-            **host_counters(self.host, self.host_hit_tokens, self.host_loads_deferred),
+            **host_counters(self.host, self.host_hit_tokens, self.host_loads_declined),
         )
 
     def sync_metrics(self) -> None:
@@ -211,6 +214,35 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         )
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        return self._match(params, load=False)
+
+    def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
+        """SGLang admitted a request whose match offered a host hit (`host_hit_length`,
+        binding/host/tier.py): load it, matching again, and say how many tokens that added
+        and which node the hit now ends at. All of the promised tokens or none, as SGLang
+        requires (none: the tier recomputes them, and the request resumes from its device
+        hit, re-seeded); None, retried next round, if the tree moved since the match. It
+        also loads none where the checkpoint the load brings would take KV room the
+        admission counted on (binding/pools/budget.py `fits_loaded_state`): SGLang then
+        admits the request again without its host hit, or leaves it waiting."""
+        handle, req = params.best_match_node, params.req
+        if not isinstance(handle, HostHit) or req is None:
+            return None
+        budget = self.admission_budget
+        if req.mamba_host_hit_length and budget is not None and not budget.fits_loaded_state():
+            self.host_loads_declined += 1
+            return 0, req.last_node
+        device = int(req.prefix_len)
+        result = self._match(handle.params, load=True)
+        loaded = result.device_prefix_len - device
+        if loaded not in (0, params.host_hit_length):
+            return None
+        req.mamba_branching_seqlen = result.mamba_branching_seqlen  # planned past the hit
+        return loaded, result.last_device_node
+
+    def _match(self, params: MatchPrefixParams, *, load: bool) -> MatchResult:
+        """The match: device hit (reporting what the host tier offers past it), or with
+        `load` the hit once the tier loaded its host part (`init_load_back`)."""
         # Packed once: the match key may be capped short of the input the plan reads.
         whole = None if self.disable else TokenSeq.of(params.key.token_ids)
         tokens = None if whole is None else key_tokens(params.key, whole)
@@ -220,8 +252,13 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         if self.owed_kv:
             self._pay_owed_kv()
         found = self.cache.lookup(tokens, namespace)
-        if self.host is not None:  # binding/host/tier.py: load at admission, else device only
-            found = self._host_hit(params, tokens, whole, found, namespace)
+        offer, loaded = Offer(0, False), 0
+        if self.host is not None and load:
+            found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
+            self.host_hit_tokens += loaded
+        elif self.host is not None:  # report what a load would add; SGLang's budget decides
+            offer = offered(self.cache, self.host, tokens, found) if params.req else offer
+            found = device_only(self.cache, found)
         planned = self._admit(params, found, whole, namespace)  # records the hit, plans
         if params.req is not None:
             self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
@@ -230,7 +267,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             self.unseeded += 1  # prefilled from scratch; its plan's positions still hold
             self.sync_metrics()
             return self._empty()
-        self.hit_tokens += found.length
+        self.hit_tokens += loaded if load else found.length
         # SGLang locks the node it gets back: one ending where the hit does (window pages of
         # the path before its last window may then be trimmed while it runs, radix/evict.py).
         anchor = self.cache.anchor(found)
@@ -240,37 +277,12 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             device_prefix_len=found.length,
             last_device_node=node,
             last_host_node=node,
-            best_match_node=node,
+            best_match_node=HostHit(params) if offer.tokens else node,
+            host_hit_length=offer.tokens,
+            mamba_host_hit_length=int(offer.state),
             mamba_branching_seqlen=self._branch_for_sglang(planned),
             full_kv_hit_length=found.walk.length,
         )
-
-    def _host_hit(
-        self,
-        params: MatchPrefixParams,
-        tokens: TokenSeq,
-        whole: TokenSeq,
-        found: TreeMatch,
-        namespace: str | None,
-    ) -> TreeMatch:
-        """The match with the host tier: loaded back at the match SGLang admits the request
-        on, unless this pass's budget refuses it even so (the load would be undone before it
-        could be used: binding/pools/budget.py `surely_refuses`); else the device part."""
-        assert self.host is not None
-        if admits(params, self.state_type is not None):
-            device = device_only(self.cache, found)
-            budget = self.admission_budget
-            if (
-                device is found
-                or budget is None
-                or not budget.surely_refuses(len(whole) - device.length)
-            ):
-                found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
-                self.host_hit_tokens += loaded
-                return found
-            self.host_loads_deferred += 1
-            return device
-        return device_only(self.cache, found)
 
     def _branch_for_sglang(self, planned: Planned) -> int | None:
         """The position SGLang ends a prefill chunk at (prefill_cut): none with in-pass capture."""

@@ -1,17 +1,19 @@
 """The live host tier under the backend's tree (`--jenga-host-gb`): built here, and the two
 places the backend's request path meets it.
 
-* **Load-back at admission** (`load_hit`): the match SGLang makes when it admits a request
-  (`init_next_round_input`: `cow_mamba` on a Mamba model) runs the tier's `prepare`
-  (radix/host_load.py): when loading the hit's host part beats recomputing it, every host node
-  on the request's walk moves to device slots the engine allocates, bytes included, and the
-  match covers it. Not when the pass's admission budget refuses the request even so
-  (binding/pools/budget.py `surely_refuses`): the loaded nodes would wait unlocked, and could
-  go back to host before the request is admitted. The scheduler's other matches (the waiting
-  queue's priority probes) see the device hit only and move nothing, so a request that waits
-  loads nothing until it is admitted.
-  SGLang is told nothing of the host: to it the loaded tokens are a device hit
-  (`host_hit_length` stays 0, and HiCache's `init_load_back` path never runs).
+* **Load-back after admission** (SGLang's own contract for a host hit). Every match of a
+  request reports the hit the tier offers past the device one (`offered`: radix/host_load.py
+  `offer`, the tier policy's load-or-recompute decision, nothing moved) as SGLang's
+  `host_hit_length`. PrefillAdder then budgets those tokens as KV the request needs, and only
+  once it admits the request calls the backend's `init_load_back`, which runs the tier's
+  `prepare` (`load_hit`): every host node on the request's walk moves to device slots the
+  engine allocates, bytes included, and the request resumes past it. A request the budget
+  refuses loads nothing, so a waiting queue does not load hits that are demoted again before
+  they run. To SGLang the loaded tokens are then part of the prefix it locks and reports as
+  cached. On the Jenga pool a load that brings a checkpoint also asks the pass's budget
+  whether the state's room fits (binding/pools/budget.py `fits_loaded_state`: SGLang reserves
+  none for it); where it does not, nothing is loaded and SGLang admits the request without
+  its host hit.
 * **An insert's path** (radix/host.py `clear_walk`, called by slots/tree.py): between the match
   and a request's insert, eviction may move unlocked nodes of its path past the hit back to
   host. The request brings its own KV for those tokens, so the host copies on the path are
@@ -24,7 +26,7 @@ token slots, not pages), which this first version does not cover.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from jenga_sglang.binding.host.copies import SglangHostCopies
 from jenga_sglang.binding.host.memory import HostSlotMemory
@@ -34,10 +36,25 @@ from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.host import FlopAwareTier, tier_layers
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.host import HostTier
+from jenga_sglang.radix.host_load import offer
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.tokens import TokenSeq
 
 GB = 1e9
+
+
+class HostHit(NamedTuple):
+    """SGLang's `best_match_node` of a match that offers a host hit: the match's parameters,
+    which `init_load_back` matches again, loading."""
+
+    params: Any
+
+
+class Offer(NamedTuple):
+    """A host hit as SGLang's match reports it (`host_hit_length`, `mamba_host_hit_length`)."""
+
+    tokens: int  # past the device hit
+    state: bool  # the state the hit resumes from is on host
 
 
 def attach_live_tier(
@@ -70,10 +87,17 @@ def attach_live_tier(
     return cache.attach_host(memory, policy, copies)
 
 
-def admits(params: Any, has_state: bool) -> bool:
-    """Whether this match is the one SGLang admits the request on (module docstring); a
-    model without Mamba layers has no such mark, so each of its requests' matches loads."""
-    return params.req is not None and (bool(params.cow_mamba) or not has_state)
+def offered(cache: PrefixCache, host: HostTier, tokens: TokenSeq, found: MatchResult) -> Offer:
+    """The tokens past the device hit that loading would add to it (0 when nothing on the
+    walk is on host or the tier prefers recomputing), and whether that load brings the
+    state the hit resumes from."""
+    whole = len(tokens) - len(tokens) % cache.tree.page
+    offer_ = offer(cache, host, found.walk, whole)
+    if offer_ is None:
+        return Offer(0, False)
+    device, hit, _ = offer_
+    state = any(n.end == hit and n.host_state is not None for n in found.walk.path)
+    return Offer(hit - device, hit > device and state)
 
 
 def load_hit(
@@ -103,7 +127,7 @@ def device_only(cache: PrefixCache, found: MatchResult) -> MatchResult:
     return cache.tree.match_walk(Walk(min(found.walk.length, path[first].start), path[:first]))
 
 
-def host_counters(host: HostTier | None, hit_tokens: int, deferred: int) -> dict[str, Any]:
+def host_counters(host: HostTier | None, hit_tokens: int, declined: int) -> dict[str, Any]:
     """The tier's fields of the backend's metrics snapshot (binding/cache/metrics.py)."""
     if host is None:
         return {}
@@ -116,7 +140,7 @@ def host_counters(host: HostTier | None, hit_tokens: int, deferred: int) -> dict
     }
     return {
         "host_hit_tokens": hit_tokens,
-        "host_loads_deferred": deferred,
+        "host_loads_declined": declined,
         "host_stored_bytes": copies.stored_bytes,
         "host_loaded_bytes": copies.loaded_bytes,
         "host_bytes": held,

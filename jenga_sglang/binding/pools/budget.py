@@ -24,10 +24,12 @@ it, and the one wait that never ends, with nothing running, is the one it ends. 
 depends on the tree and the pool alone, so tensor-parallel ranks, which hold equal trees,
 decide alike.
 
-The adder makes its budget before it matches the pass's waiting requests; the budget leaves
-itself on the backend (`admission_budget`), whose admitting match asks it `surely_refuses`:
-with a host tier (`--jenga-host-gb`), a hit is loaded back only for a request this pass may
-admit (binding/host/tier.py).
+With a host tier (`--jenga-host-gb`) the adder reserves a host hit's tokens, prepares the
+load-back with this budget (`prepare_load_back`) and then calls the backend's
+`init_load_back`. SGLang reserves no room for a checkpoint the load brings, which on the pool
+may take a large page KV was counted on; the budget leaves itself on the backend
+(`admission_budget`), which asks it `fits_loaded_state` and loads nothing where the state
+does not fit (binding/host/tier.py).
 
 Still short with nothing running, the request's own cached path is what pins the pool:
 SGLang locks it while deciding, and our lock pins every state on it (the same session's
@@ -72,8 +74,9 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         self._asking = False
         self._states: frozenset[int] | None = None
         self._closing: int | None = None
-        # PrefillAdder makes one budget per pass, before it matches the waiting requests: the
-        # backend's admitting match reads it (`surely_refuses`) to spare a futile host load.
+        self._load_back_tokens = 0  # SGLang's reservation for the load-back it prepares
+        # PrefillAdder makes one budget per pass and prepares each load-back with it just
+        # before it calls the backend's `init_load_back`, which reads it (`fits_loaded_state`).
         tree_cache.admission_budget = self
 
     def _question(self, ask: Callable[[], T]) -> T:
@@ -141,22 +144,22 @@ class SharedPoolBudget(PrefillBudget):  # type: ignore[misc]  # sglang has no ty
         finally:
             self._state_kv = 0
 
-    def surely_refuses(self, tokens: int) -> bool:
-        """Whether this pass refuses a request that has `tokens` left to prefill with its
-        device hit, whatever else it asks for: every admission SGLang makes needs them within
-        the remaining tokens (counted as the retry counts them), and loading more of its hit
-        from host memory would not change that, since the loaded tokens take the same room
-        its prefill would. Asked at the request's match, before its path is locked, so the
-        count includes that path's own evictable KV: it errs towards admitting. Nothing
-        changes (no stall is reported, nothing is owed)."""
+    def prepare_load_back(self, *, full_tokens: int, **_: Any) -> bool:
+        """SGLang's reservation for the load-back of a request it admits (the host tokens,
+        its extend, its decode headroom), kept for `fits_loaded_state`; nothing to move."""
+        self._load_back_tokens = int(full_tokens)
+        return True
+
+    def fits_loaded_state(self) -> bool:
+        """Whether the prepared load-back still fits when it brings a checkpoint too. SGLang
+        reserves the load's KV tokens but no state (its per-slot charge is for its own unified
+        pool), and on the Jenga pool a state may take a large page KV was counted on
+        (`SharedJengaPool.kv_cost_of_state`): without this the extend's allocation could
+        find less than the admission counted."""
+        cost = self.shared.kv_cost_of_state() * int(self.page_size)
 
         def ask() -> bool:
-            remaining = int(self.remaining_total)
-            if tokens <= remaining:
-                return False
-            if self.total_offset or not self.tree_cache.mamba_evictable_size():
-                return True
-            return tokens > remaining + self.state_tokens()
+            return self._load_back_tokens + cost <= int(self.remaining_total)
 
         return self._question(ask)
 
