@@ -59,3 +59,14 @@ def test_sessions_study_refuses_bad_input_before_serving(
     (model / "config.json").write_text("{}")
     assert sessions_main(["--model", str(model), "--concurrency", "0"]) == 2
     assert "concurrency must be >= 1" in capsys.readouterr().err
+
+
+def test_sessions_study_compares_replies_on_the_turns_both_servers_served() -> None:
+    """With several sessions in flight the request budget ends in whichever session timing
+    picks: the servers' request sets may differ, and only common turns are compared."""
+    from jenga_sglang.bench.studies.sessions_cpu import same_replies
+
+    first = {(0, 0): "a", (0, 1): "b", (1, 0): "c"}
+    assert same_replies(first, {(0, 0): "a", (0, 1): "b", (2, 0): "d"}) == "2/2"
+    assert same_replies(first, {(0, 0): "a", (0, 1): "x", (1, 0): "c"}) == "2/3"
+    assert same_replies(first, first) == "3/3"
