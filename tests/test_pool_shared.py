@@ -178,6 +178,15 @@ def test_kv_cost_of_state_is_the_room_a_tree_state_takes(
     assert room - shared.room(KV) == predicted
 
 
+def test_a_state_that_must_evict_first_counts_a_whole_large_page_of_kv() -> None:
+    """No empty state page and no free large page: the state's allocation evicts first,
+    perhaps KV, and `kv_cost_of_state` counts the most one state can take."""
+    shared = _shared(4, 0)
+    assert shared.alloc(KV, shared.room(KV)) is not None
+    assert shared.room(STATE) == 0 and shared.pool.free_large_pages == 0
+    assert shared.kv_cost_of_state() == shared.pool.geometry.of(KV).per_large == LARGE // 256
+
+
 def test_kv_room_freeing_refuses_a_state_not_allocated() -> None:
     shared = _shared(4, 2)
     held = shared.alloc(STATE, 1)

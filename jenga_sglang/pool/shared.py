@@ -107,7 +107,9 @@ class SharedJengaPool(EnginePool):
         """KV pages `room(kv)` loses when one more state is allocated and the tree holds it
         (a state loaded back from host memory): none while the reserve keeps enough empty
         state pages, else up to a large page's worth (the state's page is one the reserve
-        counted on, so it closes a free large page, or the state carves one itself)."""
+        counted on, so it closes a free large page, or the state carves one itself). With
+        neither an empty state page nor a free large page the allocation must evict first,
+        perhaps KV: a whole large page of KV, the most one state can take, is counted."""
         pool = self.pool
         free_large, empty = pool.free_large_pages, pool.empty_pages(self.state_type)
         if empty:
@@ -116,7 +118,7 @@ class SharedJengaPool(EnginePool):
             per_state = pool.geometry.of(self.state_type).per_large
             after = self._kv_room(free_large - 1, per_state - 1)
         else:
-            return 0  # no room for the state without evicting: its allocation evicts
+            return pool.geometry.of(self.kv_type).per_large
         return self.room(self.kv_type) - after
 
     def _freeing(self, state_ids: Collection[int]) -> tuple[int, int]:
