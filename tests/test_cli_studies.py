@@ -70,3 +70,24 @@ def test_sessions_study_compares_replies_on_the_turns_both_servers_served() -> N
     assert same_replies(first, {(0, 0): "a", (0, 1): "b", (2, 0): "d"}) == "2/2"
     assert same_replies(first, {(0, 0): "a", (0, 1): "x", (1, 0): "c"}) == "2/3"
     assert same_replies(first, first) == "3/3"
+
+
+def test_sessions_study_reports_each_servers_replies_against_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_study` compares every server's replies with the first variant's and leaves the
+    replies themselves out of the summary (servers stood in for: this checks the wiring)."""
+    from jenga_sglang.bench.studies import sessions_cpu
+    from jenga_sglang.bench.studies.online import OnlineConfig
+
+    served = iter(
+        [({"cached_tokens": 1}, {(0, 0): "x", (0, 1): "y"}), ({"cached_tokens": 2}, {(0, 0): "z"})]
+    )
+    monkeypatch.setattr(sessions_cpu, "serve_sessions", lambda *_a, **_k: next(served))
+    monkeypatch.setattr(sessions_cpu, "small_agent_trace", lambda *_a: tmp_path / "trace")
+    config = OnlineConfig(url="http://127.0.0.1:1")
+    summary = sessions_cpu.run_study(
+        "m", tmp_path, config, 8, 1024, variants=("jenga-host", "jenga")
+    )
+    assert summary["jenga-host"] == {"cached_tokens": 1, "same_replies_as_jenga-host": "2/2"}
+    assert summary["jenga"] == {"cached_tokens": 2, "same_replies_as_jenga-host": "0/1"}

@@ -67,7 +67,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "--enable-metrics",
     ),
 }
-REPLIES = "_replies"  # a run's replies by (session, turn), until compared
 #: What `host_metrics` reads, by the key it reports.
 HOST_COUNTERS = {
     name: f"jenga:{name}"
@@ -82,11 +81,14 @@ HOST_COUNTERS = {
 DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 
 
+Replies = dict[tuple[int, int], str]  # a run's replies by (session, turn)
+
+
 def serve_sessions(
     model: str, flags: Sequence[str], trace: Path, config: OnlineConfig, log: Path
-) -> dict[str, Any]:
-    """One server: the session replay's summary (without per-request records), its rounds,
-    and under `REPLIES` each reply by (session, turn), which `run_study` compares and drops."""
+) -> tuple[dict[str, Any], Replies]:
+    """One server: the session replay's summary (without per-request records) and rounds,
+    and its replies by (session, turn), for `same_replies`."""
     with LocalServer(model, flags, log=log) as server:
         summary = run_online(str(trace), dataclasses.replace(config, url=server.url))
         tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
@@ -94,11 +96,10 @@ def serve_sessions(
     brief.update(tier)
     brief["prefill_rounds"] = prefill_rounds(log.read_text(errors="replace"))
     ok = (r for r in summary["records"] if r["error"] is None)
-    brief[REPLIES] = {(r["session_id"], r["turn_index"]): r["text"] for r in ok}
-    return brief
+    return brief, {(r["session_id"], r["turn_index"]): r["text"] for r in ok}
 
 
-def same_replies(first: dict[Any, str], other: dict[Any, str]) -> str:
+def same_replies(first: Replies, other: Replies) -> str:
     """'equal/common': replies equal on the (session, turn) pairs both servers served. With
     several sessions in flight the request budget runs out in whichever session timing
     picks, so two servers' sets of requests may differ by a turn or two, and a hash over all
@@ -125,17 +126,17 @@ def run_study(
 ) -> dict[str, Any]:
     trace = small_agent_trace(out / "traces", sessions)
     budget = ("--max-total-tokens", str(max_total_tokens), *server_flags)
-    runs = {
+    served = {
         name: serve_sessions(
             model, (*budget, *VARIANTS[name]), trace, config, out / f"server-{name}.log"
         )
         for name in variants
     }
-    first = runs[variants[0]][REPLIES]
-    for run in runs.values():
-        run[f"same_replies_as_{variants[0]}"] = same_replies(first, run[REPLIES])
-    for run in runs.values():
-        del run[REPLIES]
+    first = served[variants[0]][1]
+    runs = {}
+    for name, (brief, replies) in served.items():
+        brief[f"same_replies_as_{variants[0]}"] = same_replies(first, replies)
+        runs[name] = brief
     return {
         "model": model,
         "trace": str(trace),

@@ -91,8 +91,7 @@ def offered(cache: PrefixCache, host: HostTier, tokens: TokenSeq, found: MatchRe
     """The tokens past the device hit that loading would add to it (0 when nothing on the
     walk is on host or the tier prefers recomputing), and whether that load brings the
     state the hit resumes from."""
-    whole = len(tokens) - len(tokens) % cache.tree.page
-    offer_ = offer(cache, host, found.walk, whole)
+    offer_ = offer(cache, host, found.walk, _whole_pages(cache, tokens))
     if offer_ is None:
         return Offer(0, False)
     device, hit, _ = offer_
@@ -108,12 +107,16 @@ def load_hit(
     namespace: str | None,
 ) -> tuple[MatchResult, int]:
     """The match after the tier loaded what it decided to, and the tokens of it loaded."""
-    whole = len(tokens) - len(tokens) % cache.tree.page
-    prepared = host.prepare(cache, tokens, found.walk, whole, namespace)
+    prepared = host.prepare(cache, tokens, found.walk, _whole_pages(cache, tokens), namespace)
     if prepared is None:
         return found, 0
     _, matched, loaded = prepared
     return matched, loaded.host_hit
+
+
+def _whole_pages(cache: PrefixCache, tokens: TokenSeq) -> int:
+    """The tokens of `tokens` in whole pages: how far a hit, and so a load, may reach."""
+    return len(tokens) - len(tokens) % cache.tree.page
 
 
 def device_only(cache: PrefixCache, found: MatchResult) -> MatchResult:
