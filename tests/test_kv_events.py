@@ -59,12 +59,14 @@ class RouterModel:
 
     def __init__(self) -> None:
         self.blocks: dict[int, tuple[int, ...]] = {}
+        self.page = 1
 
     def apply(self, events: list[Any]) -> None:
         for event in events:
             name = type(event).__name__
             if name == "BlockStored":
                 parent = self.blocks.get(event.parent_block_hash, ())
+                self.page = event.block_size
                 assert event.parent_block_hash is None or parent, "store under an unknown parent"
                 for i, h in enumerate(event.block_hashes):
                     size = event.block_size
@@ -81,8 +83,8 @@ class RouterModel:
 
     def predicted_hit(self, tokens: list[int]) -> int:
         paths, n = self.paths(), 0
-        while n < len(tokens) and tuple(tokens[: n + 1]) in paths:
-            n += 1
+        while n + self.page <= len(tokens) and tuple(tokens[: n + self.page]) in paths:
+            n += self.page
         return n
 
 
@@ -196,3 +198,81 @@ def test_a_namespace_string_gives_back_sglangs_pair() -> None:
         assert namespace_pair(namespace_of(*pair)) == pair
     with pytest.raises(ValueError, match="not a namespace"):
         namespace_pair("'x'")
+
+
+def _window_usable_paths(cache: Any) -> set[tuple[int, ...]]:
+    """Every prefix of every path to a node end whose window the tree holds (a hit there
+    keeps every group's rule), in whole pages: what a router may count on a sliding-window
+    model."""
+    from jenga_sglang.radix.rules import longest_common_valid
+
+    rules, page, out = cache.cache.tree.rules, cache.page_size, set()
+    for node in cache.cache.nodes():
+        if node.parent is None:
+            continue
+        path = node.path_from_root()
+        if longest_common_valid(rules, path, node.end) == node.end:
+            tokens = tuple(t for n in path for t in n.key.tolist())
+            out.update(tokens[: (i + 1) * page] for i in range(node.end // page))
+    return out
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_window_spans_end_where_the_window_is_held(page: int) -> None:
+    """gpt-oss's layout: spans end at node ends whose last w tokens' window KV the tree holds;
+    trims never take a published span's window, and full-KV evictions remove it."""
+    from swa_session import SwaSession
+
+    from jenga_sglang.binding.slots.kv_events import attach
+
+    def toks(base: int, n: int) -> list[int]:
+        return [base + (7 * i) % 97 for i in range(n)]
+
+    s = SwaSession(page=page, full=2048, swa=96, chunk=32)  # 96 window slots: trims
+    assert attach(s.cache, True) is not None
+    router = RouterModel()
+
+    def synced() -> None:
+        router.apply(s.cache.take_events())
+        assert router.paths() == _window_usable_paths(s.cache)
+
+    prompts = [toks(1000 * (k + 1), 30) for k in range(6)]
+    for p in prompts:
+        s.serve(p, toks(50, 2))
+        synced()
+    slot = s.cache.slot_tree.window_slot
+    assert any(n.tombstones[slot] for n in s.cache.cache.nodes())  # the window pool trimmed
+    for p in prompts:  # a next turn: the router predicts the worker's hit exactly
+        turn = [*p, 50, 9]
+        predicted = router.predicted_hit(turn)
+        assert predicted == s.serve(turn, toks(60, 2)) == 31 - 31 % page
+        synced()
+    # SGLang's own insert hands over only the positions the tree lacks: through a trimmed
+    # edge, neither the branch point nor the new end has its window, so nothing is published
+    bpc, key = _sg().bpc, [*prompts[1][:20], 5, 5, 5, 5]
+    value = _fresh_slots(s, len(key))  # (which may evict)
+    synced()
+    done = s.cache.insert(bpc.InsertParams(key=_key(key), value=value))
+    assert done.prefix_len == 20 and s.cache.take_events() == []
+    s.alloc.free(value[: done.prefix_len])
+    synced()
+    branch = [*prompts[0][:20], 7, 7]  # inside a trimmed edge: the router over-predicts,
+    predicted = router.predicted_hit(branch)  # by less than the way back to a node end
+    got = s.serve(branch, toks(70, 2))
+    assert got <= predicted and predicted - got < 32
+    synced()
+    for n in (40, 4000):  # full KV evicted: its spans go
+        s.cache.evict(_sg().bpc.EvictParams(num_tokens=n))
+        synced()
+    assert not router.blocks and s.cache.kv_events.published() == 0
+
+
+def _fresh_slots(s: Any, n: int) -> Any:
+    """`n` new full slots (with window slots) the scheduler's way, evicting if short."""
+    import torch
+
+    if s.page == 1:
+        return s.allocation.alloc_token_slots(s.cache, n)
+    zero, seq = torch.tensor([0]), torch.tensor([n])
+    last = torch.tensor([-1], dtype=torch.int64)
+    return s.allocation.alloc_paged_token_slots_extend(s.cache, zero, zero, seq, seq, last, n)

@@ -13,10 +13,18 @@ Here a span is published only where a hit is usable under every layer type's rul
   hit ends exactly at a checkpoint, and needs the full KV before it); the state's slot id names
   its span. When the state goes (evicted, or dropped while its KV stays), the blocks no other
   checkpoint covers are published as removed;
+* with a sliding-window group and no Mamba group (gpt-oss, Gemma 3), the blocks of the path
+  [0, e) of each node end e an insert leaves from its branch point down, where the tree holds
+  the window's last w tokens [e - w, e) (a hit's rule, radix/rules.py); the full KV slot of
+  e's last page names the span, so the span goes when that page does. It cannot go stale
+  while the page stays: the tree drops window pages only out of every node end's window
+  (radix/evict.py `trim_window` keeps each node's last w tokens), and nodes merge only when
+  a Mamba state goes. A hit that ends inside an edge whose window was trimmed is shorter
+  than the router predicts, by less than the distance back to the previous node end; and a
+  node end a match's split made is published only once an insert passes through it (under,
+  never over);
 * with full attention only, every KV page (a hit may end after any page); the page's first
-  KV slot names it, and its eviction removes it;
-* sliding-window models (a hit needs the window's last w tokens): not published yet; a warning
-  at start-up says the router gets no events from such a worker.
+  KV slot names it, and its eviction removes it.
 
 Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet, and each
 store names its namespace as SGLang's own cache does: `cache_salt`, and `lora_name` where the
@@ -31,12 +39,9 @@ SglangSlots the slots the tree gives back (binding/slots/tree.py, slots/sglang_s
 from __future__ import annotations
 
 import hashlib
-import logging
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 _MASK, _SIGN = (1 << 64) - 1, 1 << 63
 
@@ -65,9 +70,10 @@ class HitSpanEvents:
     """The recorder `BasePrefixCache.take_events()` reads (`kv_events.take()`), fed by the
     binding with the checkpoints (or KV pages) the tree adopts and the slots it frees."""
 
-    def __init__(self, page_size: int, by_state: bool, labels: Labels | None = None) -> None:
+    def __init__(self, page_size: int, whole_paths: bool, labels: Labels | None = None) -> None:
         self.page = page_size
-        self.by_state = by_state  # Mamba: spans end at checkpoints; else at every page
+        # Mamba or a window: a span is the path [0, end) to where a hit can end; else a page
+        self.whole_paths = whole_paths
         self._labels = labels  # namespace -> (cache_salt, lora_name) of its stores
         self._covers: dict[int, list[int]] = {}  # slot id -> block hashes of its span
         self._count: dict[int, int] = {}  # block hash -> spans covering it
@@ -92,9 +98,9 @@ class HitSpanEvents:
         chain = chain_hashes(tokens[: max(end for end, _ in todo)], self.page, namespace)
         for end, slot in todo:
             blocks = end // self.page
-            # Mamba: the whole path to the checkpoint; else the page alone (its parents are
+            # The whole path to a checkpoint or node end; or the page alone (its parents are
             # pages the tree adopted before, or in this same insert).
-            first = 0 if self.by_state else blocks - 1
+            first = 0 if self.whole_paths else blocks - 1
             self._covers[slot] = chain[first:blocks]
             self._store(tokens, first, chain[first:blocks], chain, namespace)
 
@@ -186,13 +192,8 @@ def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEv
     names a namespace's stores (`HitSpanEvents`)."""
     if not enabled or cache.disable:
         return None
-    if cache.slots.window is not None:
-        logger.warning(
-            "jenga: --kv-events-config on a sliding-window model: no KV events are published "
-            "(a window hit rule is not encoded yet); a router sees no cache on this worker"
-        )
-        return None
-    events = HitSpanEvents(cache.page_size, cache.state_type is not None, labels)
+    whole_paths = cache.state_type is not None or cache.slots.window is not None
+    events = HitSpanEvents(cache.page_size, whole_paths, labels)
     cache.kv_events = events
     cache.slot_tree.events = events
     cache.slots.events = events

@@ -20,6 +20,7 @@ from jenga_sglang.binding.slots.sglang_slots import SglangSlots
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
+from jenga_sglang.radix.rules import SlidingWindowRule
 from jenga_sglang.radix.tokens import TokenSeq
 
 
@@ -82,7 +83,8 @@ class SlotTree:
         kv = self._own_pages(value[own_from : len(tokens)])
         node = self.cache.store(tokens, walk, kv, taken, own_from, namespace)
         if self.events is not None:  # a router's view of what hits can use (slots/kv_events.py)
-            self._report(tokens, value, present, {p: states[p] for p in taken}, namespace)
+            taken_slots = {p: states[p] for p in taken}
+            self._report(tokens, value, present, node, taken_slots, namespace)
         return Adopted(present, node, len(taken), refused)
 
     def _report(
@@ -90,20 +92,38 @@ class SlotTree:
         tokens: TokenSeq,
         value: torch.Tensor,
         present: int,
+        node: Node,
         taken: dict[int, int],
         namespace: str | None,
     ) -> None:
-        """Checkpoints (by state slot) or, without a Mamba group, new KV pages (by their first
-        slot) to the event recorder."""
+        """The spans a hit can now use, to the event recorder: checkpoints (by state slot);
+        without a Mamba group, with a window group the node ends from the branch point down
+        (by their last page's first full slot), else every new KV page (by its first slot).
+        With a window group only ends whose window the tree holds (slots/kv_events.py)."""
         assert self.events is not None
+        page = self.cache.tree.page
         if self.slots.state_type is not None:
             spans = sorted(taken.items())
+        elif self.window_slot is not None:
+            spans = [
+                (n.end, int(page_ids(n.kv[self.kv_slot])[-page]))
+                for n in node.path_from_root()
+                if max(present, 1) <= n.end <= len(tokens)
+            ]
         else:
-            page = self.cache.tree.page
             ends = range(present - present % page + page, len(tokens) + 1, page)
             spans = [(end, int(value[end - page])) for end in ends]
+        if spans and self.window_slot is not None:
+            path = node.path_from_root()
+            spans = [(end, slot) for end, slot in spans if self._window_holds(path, end)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
+
+    def _window_holds(self, path: list[Node], end: int) -> bool:
+        """Whether a hit at `end` of `path` keeps every window group's rule (radix/rules.py)."""
+        upto = [n for n in path if n.start < end]
+        windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
+        return all(rule.longest_valid(upto, end) == end for rule in windows)
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
         """The request's slots for its own positions, one run per attention group (the tree's
