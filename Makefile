@@ -6,7 +6,7 @@ STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
-	scale-tp scale-dp scale-dp-full
+	scale-tp scale-dp scale-dp-full window-events
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -73,6 +73,15 @@ scale-dp: tiny-model
 
 scale-dp-full: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.scale_dp --model data/tiny-model --out out/scale-dp-full
+
+# A sliding-window worker's KV events (the tiny gpt-oss, stock and --enable-jenga) read into a
+# model of smg's block index, against the hits the worker reports (about 8 minutes).
+window-events: data/tiny-gpt_oss/model.safetensors
+	$(PY) -m jenga_sglang.bench.studies.window_events --model data/tiny-gpt_oss \
+	    --out out/window-events
+
+data/tiny-gpt_oss/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
+	$(PY) scripts/make_tiny_model.py --family gpt_oss --out data/tiny-gpt_oss
 
 lint: install
 	$(VENV)/bin/ruff check .
