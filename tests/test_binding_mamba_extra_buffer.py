@@ -82,7 +82,7 @@ def test_finish_donates_the_state_tracked_in_prefill(sg: Any, s: Session) -> Non
 
 
 def test_finish_past_a_late_stop_falls_back_to_the_previous_tracked_state(
-    sg: Any, s: Session
+    sg: Any, s: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decode tracked 128 (prefill had tracked 64), but a stop string matched at output 20:
     the request keeps KV to 120 only, so it hands over the other ping-pong slot (state at 64,
@@ -99,8 +99,10 @@ def test_finish_past_a_late_stop_falls_back_to_the_previous_tracked_state(
     latest = _ping_pong(req)[req.kv.mamba_last_track_idx]
     req.finished_reason = sg.FINISH_LENGTH(length=len(out))
     req.finished_len = 20  # what a stop-string match sets
+    outputs = _spy_on_outputs(monkeypatch)
     sg.release_kv_cache(req, s.cache, checkpoint=True)
     assert s.cached_length(a + out) == base + 20
+    assert outputs == [out[:20]]  # the admission remembers the outputs through the stop
     node = s.state_node(a + out, 64)
     assert s.read(node.state.ids()[0]) == expected(sg, a[:64])
     assert latest in s.pool.mamba_allocator.free_slots.tolist()
@@ -281,3 +283,21 @@ def test_retraction_in_decode_gives_every_slot_back(sg: Any, s: Session) -> None
     s.serve(a, out)
     assert s.read(s.state_node(a + out, GRID).state.ids()[0]) == expected(sg, (a + out)[:GRID])
     s.slots_balance()
+
+
+def _spy_on_outputs(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Record the outputs a finished request hands the tree's `finish` (request_path.py
+    packs them with `TokenSeq.of`)."""
+    from jenga_sglang.binding.cache import request_path
+    from jenga_sglang.radix.tokens import TokenSeq
+
+    seen: list[list[int]] = []
+
+    class Recording:
+        @staticmethod
+        def of(ids: Any) -> TokenSeq:
+            seen.append(list(ids))
+            return TokenSeq.of(ids)
+
+    monkeypatch.setattr(request_path, "TokenSeq", Recording)
+    return seen

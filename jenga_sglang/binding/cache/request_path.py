@@ -166,9 +166,11 @@ class RequestPath:
 
     def _finished(self, req: Any, cached_len: int, planned: Planned, namespace: str | None) -> None:
         """The request is done: its expendable tail to the policy, its sequence to the
-        admission's memory and the tuner, each in the request's `namespace`."""
+        admission's memory and the tuner, each in the request's `namespace`. The outputs
+        through its stop: a stop string or a speculative verify step may have decoded past
+        it, and the user never sees those tokens."""
         inp = planned.tokens_up_to(len(req.origin_input_ids), req.origin_input_ids)
-        out = TokenSeq.of(req.output_ids)
+        out = TokenSeq.of(req.output_ids_through_stop)
         self.cache.finish(inp.concat(out), cached_len, planned.expendable_from, namespace)
         if self.tuner is not None:
             self.tuner.after_request(self.cache, inp, out, namespace=namespace)
