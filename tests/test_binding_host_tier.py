@@ -296,3 +296,51 @@ def test_options_parse_the_host_flags() -> None:
         parser.parse_args(["--enable-jenga", "--jenga-host-bw", "0"])
     with pytest.raises(JengaFlagError, match="--jenga-host-gb given without --enable-jenga"):
         check_conflicts(parser.parse_args(["--jenga-host-gb", "4"]))
+
+
+def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
+    """A router following the events holds the spans of device checkpoints only: a state
+    demoted to host is removed (its device slot went back), and a load-back publishes it
+    again, so the router predicts the loaded hit."""
+    from test_kv_events import RouterModel
+
+    from jenga_sglang.binding.slots.kv_events import attach
+
+    s = tiered(sg)
+    assert attach(s.cache, True) is not None
+    router = RouterModel()
+
+    def synced() -> None:
+        router.apply(s.cache.take_events())
+        assert router.paths() == _device_span_paths(s)
+
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    synced()
+    history = first_in + first_out
+    assert router.predicted_hit(history) >= 100
+    fill_with_others(s, 8)  # the first session's states leave the device
+    synced()
+    assert router.predicted_hit(history) == 0  # nothing of it is on device
+    req = s.admit(history + tokens(5, 12), 4)
+    hit = int(req.prefix_len)
+    assert s.cache.host_hit_tokens > 0 and hit >= 100
+    synced()  # the load-back's checkpoints are published again
+    assert router.predicted_hit(history + tokens(5, 12)) == hit
+    s.prefill(req, 7)
+    s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
+    synced()
+
+
+def _device_span_paths(s: Session) -> set[tuple[int, ...]]:
+    """Every prefix of every path to a checkpoint held on device (what a hit can use
+    without a load)."""
+    out: set[tuple[int, ...]] = set()
+    for node in s.cache.cache.nodes():
+        if node.parent is None or node.host:
+            continue
+        path = tuple(t for n in node.path_from_root() for t in n.key.tolist())
+        ends = [p for p, _ in node.inner] + ([node.end] if node.state is not None else [])
+        for end in ends:
+            out.update(path[: i + 1] for i in range(end))
+    return out

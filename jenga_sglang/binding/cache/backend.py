@@ -256,6 +256,8 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         if self.host is not None and load:
             found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
             self.host_hit_tokens += loaded
+            if loaded and self.slot_tree.events is not None:  # a router sees them again
+                self.slot_tree.report_loaded(tokens, found.path, namespace)
         elif self.host is not None:  # report what a load would add; SGLang's budget decides
             offer = offered(self.cache, self.host, tokens, found) if params.req else offer
             found = device_only(self.cache, found)

@@ -9,6 +9,7 @@ here is part of SGLang's `BasePrefixCache` contract, which binding/cache/backend
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,24 @@ class SlotTree:
         if spans and self.window_slot is not None:
             path = node.path_from_root()
             spans = [(end, slot) for end, slot in spans if self._window_holds(path, end)]
+        if spans:
+            self.events.adopted(tokens.tolist(), spans, namespace)
+
+    def report_loaded(self, tokens: TokenSeq, path: Sequence[Node], namespace: str | None) -> None:
+        """A host load moved checkpoints of `path` (a match's, in `namespace`) back to device
+        slots: their spans to the event recorder again, named by their state slots as
+        `_report` names them (the recorder skips those it holds); the demotion had removed
+        them with the device slots. Attention-only models' loaded pages are not published
+        again yet: a router then predicts less than the hit, never more."""
+        assert self.events is not None
+        if self.slots.state_type is None:
+            return
+        spans: list[tuple[int, int]] = []
+        for n in path:
+            spans += [(at, int(page_ids(state)[0])) for at, state in n.inner]
+            if n.state is not None:
+                spans.append((n.end, int(page_ids(n.state)[0])))
+        spans = [(end, slot) for end, slot in spans if end <= len(tokens)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
 
