@@ -75,7 +75,7 @@ scale-dp-full: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.scale_dp --model data/tiny-model --out out/scale-dp-full
 
 # A sliding-window worker's KV events (the tiny gpt-oss, stock and --enable-jenga) read into a
-# model of smg's block index, against the hits the worker reports (about 8 minutes).
+# model of smg's block index, against the hits the worker reports (about 20 minutes).
 window-events: data/tiny-gpt_oss/model.safetensors
 	$(PY) -m jenga_sglang.bench.studies.window_events --model data/tiny-gpt_oss \
 	    --out out/window-events
