@@ -13,7 +13,7 @@ Here a span is published only where a hit is usable under every layer type's rul
   hit ends exactly at a checkpoint, and needs the full KV before it); the state's slot id names
   its span. When the state goes (evicted, or dropped while its KV stays), the blocks no other
   checkpoint covers are published as removed;
-* with a sliding-window group and no Mamba group (gpt-oss, Gemma 3), the blocks of the path
+* with a sliding-window group and no Mamba group (gpt-oss), the blocks of the path
   [0, e) of each node end e an insert leaves from its branch point down, where the tree holds
   the window's last w tokens [e - w, e) (a hit's rule, radix/rules.py); the full KV slot of
   e's last page names the span, so the span goes when that page does. It cannot go stale
