@@ -302,13 +302,12 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     """A router following the events holds the spans of device checkpoints only: a state
     demoted to host is removed (its device slot went back), and a load-back publishes it
     again, so the router predicts the loaded hit."""
-    from test_kv_events import RouterModel
-
+    from jenga_sglang.bench.drivers.kv_index import BlockIndex
     from jenga_sglang.binding.slots.kv_events import attach
 
     s = tiered(sg)
     assert attach(s.cache, True) is not None
-    router = RouterModel()
+    router = BlockIndex(strict=True)
 
     def synced() -> None:
         router.apply(s.cache.take_events())

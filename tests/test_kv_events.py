@@ -2,7 +2,8 @@
 
 A router that follows the events holds exactly the blocks of the paths that end at a
 checkpoint (Mamba) or at a KV page (attention only), after any mix of inserts and evictions:
-the stream is replayed into a model of the router's index and compared with the tree itself.
+the stream is replayed into a model of the router's index (bench/drivers/kv_index.py, strict)
+and compared with the tree itself.
 KV past the last checkpoint is never published, since no hit can end in it.
 """
 
@@ -12,6 +13,8 @@ from array import array
 from typing import Any
 
 import pytest
+
+from jenga_sglang.bench.drivers.kv_index import BlockIndex
 
 pytestmark = pytest.mark.sglang
 
@@ -54,40 +57,6 @@ def _insert(
         req_pool.mamba_allocator.free(mamba)
 
 
-class RouterModel:
-    """What a router rebuilds from the events: block hash -> its token path."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, tuple[int, ...]] = {}
-        self.page = 1
-
-    def apply(self, events: list[Any]) -> None:
-        for event in events:
-            name = type(event).__name__
-            if name == "BlockStored":
-                parent = self.blocks.get(event.parent_block_hash, ())
-                self.page = event.block_size
-                assert event.parent_block_hash is None or parent, "store under an unknown parent"
-                for i, h in enumerate(event.block_hashes):
-                    size = event.block_size
-                    parent = parent + tuple(event.token_ids[i * size : (i + 1) * size])
-                    assert h not in self.blocks
-                    self.blocks[h] = parent
-            else:
-                assert name == "BlockRemoved"
-                for h in event.block_hashes:
-                    del self.blocks[h]
-
-    def paths(self) -> set[tuple[int, ...]]:
-        return set(self.blocks.values())
-
-    def predicted_hit(self, tokens: list[int]) -> int:
-        paths, n = self.paths(), 0
-        while n + self.page <= len(tokens) and tuple(tokens[: n + self.page]) in paths:
-            n += self.page
-        return n
-
-
 def _usable_paths(cache: Any) -> set[tuple[int, ...]]:
     """Every prefix of every path that ends at a checkpoint (a node's or one inside a run),
     or at any node without a Mamba group: what a router may count as a hit."""
@@ -106,7 +75,7 @@ def _usable_paths(cache: Any) -> set[tuple[int, ...]]:
 
 def test_mamba_spans_end_at_checkpoints_and_go_with_them() -> None:
     cache, allocator, req_pool = _setup(mamba=True)
-    router = RouterModel()
+    router = BlockIndex(strict=True)
     first = [*SHARED, 60, 61]
     _insert(cache, allocator, req_pool, first, state=True)
     stored = cache.take_events()
@@ -133,7 +102,7 @@ def test_mamba_spans_end_at_checkpoints_and_go_with_them() -> None:
 
 def test_attention_only_every_page_is_published_until_evicted() -> None:
     cache, allocator, req_pool = _setup(mamba=False)
-    router = RouterModel()
+    router = BlockIndex(strict=True)
     _insert(cache, allocator, req_pool, [*SHARED, 1, 2], state=False)
     _insert(cache, allocator, req_pool, [*SHARED, 3], state=False)
     router.apply(cache.take_events())
@@ -230,7 +199,7 @@ def test_window_spans_end_where_the_window_is_held(page: int) -> None:
 
     s = SwaSession(page=page, full=2048, swa=96, chunk=32)  # 96 window slots: trims
     assert attach(s.cache, True) is not None
-    router = RouterModel()
+    router = BlockIndex(strict=True)
 
     def synced() -> None:
         router.apply(s.cache.take_events())

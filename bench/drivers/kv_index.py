@@ -19,31 +19,45 @@ from typing import Any
 
 
 class BlockIndex:
-    """Block hash -> the token path it ends, as the router rebuilds it from events."""
+    """Block hash -> the token path it ends, as the router rebuilds it from events.
 
-    def __init__(self) -> None:
+    `strict` (tests): a store under a parent the index lacks, a block stored twice or a
+    removal of a block it lacks is an AssertionError, where a router would shrug."""
+
+    def __init__(self, strict: bool = False) -> None:
         self.blocks: dict[int, tuple[int, ...]] = {}
         self.block_size = 1
+        self.strict = strict
 
     def apply(self, events: Sequence[Any]) -> None:
         for event in events:
             name = type(event).__name__
             if name == "BlockStored":
-                self.block_size = int(event.block_size)
-                parent = self.blocks.get(event.parent_block_hash, ())
-                size = self.block_size
-                for i, h in enumerate(event.block_hashes):
-                    parent = parent + tuple(event.token_ids[i * size : (i + 1) * size])
-                    self.blocks[h] = parent
+                self._store(event)
             elif name == "BlockRemoved":
                 for h in event.block_hashes:
-                    self.blocks.pop(h, None)
+                    gone = self.blocks.pop(h, None)
+                    assert gone is not None or not self.strict, f"removed unknown block {h}"
             elif name == "AllBlocksCleared":
                 self.blocks.clear()
 
+    def _store(self, event: Any) -> None:
+        self.block_size = size = int(event.block_size)
+        parent = self.blocks.get(event.parent_block_hash, ())
+        known = event.parent_block_hash is None or parent
+        assert known or not self.strict, "store under an unknown parent"
+        for i, h in enumerate(event.block_hashes):
+            parent = parent + tuple(event.token_ids[i * size : (i + 1) * size])
+            assert h not in self.blocks or not self.strict, f"block {h} stored twice"
+            self.blocks[h] = parent
+
+    def paths(self) -> set[tuple[int, ...]]:
+        """The token paths of the blocks held: every whole-block prefix a hit may count."""
+        return set(self.blocks.values())
+
     def predicted_hit(self, tokens: Sequence[int]) -> int:
         """Tokens of the leading run of whole blocks of `tokens` the index holds."""
-        paths, n, size = set(self.blocks.values()), 0, self.block_size
+        paths, n, size = self.paths(), 0, self.block_size
         while n + size <= len(tokens) and tuple(tokens[: n + size]) in paths:
             n += size
         return n

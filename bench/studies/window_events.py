@@ -44,10 +44,14 @@ def first_prompts(sessions: int, seed: int) -> list[list[int]]:
 
 
 def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from tqdm import tqdm
+
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     index = BlockIndex()
-    with EventFeed(free_port()) as feed:
+    total = args.sessions * args.turns + args.branches
+    bar = tqdm(total=total, desc=variant, unit="req", file=sys.stderr, disable=args.no_progress)
+    with bar, EventFeed(free_port()) as feed:
         flags = (*SERVER_FLAGS, "--kv-events-config", feed.config(), *VARIANT_FLAGS[variant])
         log = out / f"{variant}.log"
         with LocalServer(model, flags, log=log, env=SERVER_ENV) as server:
@@ -61,6 +65,7 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
                 cached = int(body["meta_info"]["cached_tokens"])
                 rows.append({"kind": kind, "prompt": len(ids), "cached": cached,
                              "predicted": predicted})  # fmt: skip
+                bar.update()
                 return list(body["output_ids"])
 
             histories: list[list[int]] = []
@@ -103,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/window-events")
+    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANT_FLAGS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {', '.join(VARIANT_FLAGS)}")
+    if min(args.sessions, args.turns) < 1 or args.branches < 0 or args.reply_tokens < 3:
+        p.error("--sessions and --turns must be >= 1, --branches >= 0, --reply-tokens >= 3")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
