@@ -302,6 +302,8 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     """A router following the events holds the spans of device checkpoints only: a state
     demoted to host is removed (its device slot went back), and a load-back publishes it
     again, so the router predicts the loaded hit."""
+    from test_kv_events import _usable_paths
+
     from jenga_sglang.bench.drivers.kv_index import BlockIndex
     from jenga_sglang.binding.slots.kv_events import attach
 
@@ -311,7 +313,7 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
 
     def synced() -> None:
         router.apply(s.cache.take_events())
-        assert router.paths() == _device_span_paths(s)
+        assert router.paths() == _usable_paths(s.cache)
 
     first_in, first_out = tokens(0, 100), tokens(3, 6)
     s.serve(first_in, first_out)
@@ -329,17 +331,3 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     s.prefill(req, 7)
     s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
     synced()
-
-
-def _device_span_paths(s: Session) -> set[tuple[int, ...]]:
-    """Every prefix of every path to a checkpoint held on device (what a hit can use
-    without a load)."""
-    out: set[tuple[int, ...]] = set()
-    for node in s.cache.cache.nodes():
-        if node.parent is None or node.host:
-            continue
-        path = tuple(t for n in node.path_from_root() for t in n.key.tolist())
-        ends = [p for p, _ in node.inner] + ([node.end] if node.state is not None else [])
-        for end in ends:
-            out.update(path[: i + 1] for i in range(end))
-    return out

@@ -62,7 +62,7 @@ def _usable_paths(cache: Any) -> set[tuple[int, ...]]:
     or at any node without a Mamba group: what a router may count as a hit."""
     out: set[tuple[int, ...]] = set()
     for node in cache.cache.nodes():
-        if node.parent is None:
+        if node.parent is None or node.host:  # a host node's checkpoints need a load first
             continue
         path = tuple(t for n in node.path_from_root() for t in n.key.tolist())
         ends = [p for p, _ in node.inner]

@@ -29,8 +29,8 @@ from typing import Any
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.kv_index import BlockIndex, EventFeed
 from jenga_sglang.bench.drivers.server import LocalServer, free_port
+from jenga_sglang.bench.studies.scale_dp import VARIANT_FLAGS
 
-VARIANT_FLAGS: dict[str, tuple[str, ...]] = {"stock": (), "jenga": ("--enable-jenga",)}
 #: gpt-oss needs an attention backend with sinks; on CPU SGLang's Triton one, interpreted
 SERVER_FLAGS = ("--attention-backend", "triton", "--max-total-tokens", "1024")
 SERVER_ENV = {"SGLANG_SWA_EVICTION_INTERVAL": "1"}

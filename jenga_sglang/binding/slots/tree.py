@@ -103,20 +103,21 @@ class SlotTree:
         With a window group only ends whose window the tree holds (slots/kv_events.py)."""
         assert self.events is not None
         page = self.cache.tree.page
+        path = node.path_from_root() if self.window_slot is not None else []
         if self.slots.state_type is not None:
             spans = sorted(taken.items())
         elif self.window_slot is not None:
             spans = [
                 (n.end, int(page_ids(n.kv[self.kv_slot])[-page]))
-                for n in node.path_from_root()
+                for n in path
                 if max(present, 1) <= n.end <= len(tokens)
             ]
         else:
             ends = range(present - present % page + page, len(tokens) + 1, page)
             spans = [(end, int(value[end - page])) for end in ends]
         if spans and self.window_slot is not None:
-            path = node.path_from_root()
-            spans = [(end, slot) for end, slot in spans if self._window_holds(path, end)]
+            windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
+            spans = [(end, slot) for end, slot in spans if _window_holds(windows, path, end)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
 
@@ -137,12 +138,6 @@ class SlotTree:
         spans = [(end, slot) for end, slot in spans if end <= len(tokens)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
-
-    def _window_holds(self, path: list[Node], end: int) -> bool:
-        """Whether a hit at `end` of `path` keeps every window group's rule (radix/rules.py)."""
-        upto = [n for n in path if n.start < end]
-        windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
-        return all(rule.longest_valid(upto, end) == end for rule in windows)
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
         """The request's slots for its own positions, one run per attention group (the tree's
@@ -232,3 +227,9 @@ class SlotTree:
                 locked.update(page_ids(state).tolist())
             stack.extend(node.children.values())
         return slots.memory.held_ids(slots.state_type) - locked
+
+
+def _window_holds(windows: list[SlidingWindowRule], path: list[Node], end: int) -> bool:
+    """Whether a hit at `end` of `path` keeps every window group's rule (radix/rules.py)."""
+    upto = [n for n in path if n.start < end]
+    return all(rule.longest_valid(upto, end) == end for rule in windows)
