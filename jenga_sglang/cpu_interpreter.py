@@ -26,6 +26,8 @@ What and why:
 - SGLang's Gated DeltaNet kernels (Qwen3-Next, Qwen3.5): FLA's module-level ``tl`` math aliases,
   the chunk kernel's bfloat16-only assertion and the gated RMSNorm's SM count
   (jenga_sglang/cpu_gdn.py says why).
+- Speculative decoding (NGRAM): stand-ins for the four CUDA-only or silently empty pieces of its
+  verify step (jenga_sglang/cpu_speculative.py says which and why).
 
 The hooks that let SGLang take its ``extra_buffer`` snapshot path in this mode are in
 jenga_sglang/binding/cpu_snapshots.py.
@@ -128,13 +130,13 @@ def sglang_needs_cpu_patches() -> bool:
 
 def install_for_sglang() -> None:
     """All the patches, for an SGLang process (called from the plugin's ``register``)."""
-    from jenga_sglang import cpu_gdn
+    from jenga_sglang import cpu_gdn, cpu_speculative
 
     patch_device_context()
     limit_autotuner()
     patch_pin_memory()
     native_rope()
-    bound = bind_sglang_conv_kernels() + cpu_gdn.install()
+    bound = bind_sglang_conv_kernels() + cpu_gdn.install() + cpu_speculative.install()
     logger.info(
         "jenga: Triton CPU interpreter patches applied (pid %d; bound %s)",
         os.getpid(),

@@ -61,6 +61,9 @@ def _params(mamba: bool, kv_size: int, extra_buffer: bool = False) -> Any:
             state_size=8,
             conv_kernel=4,
         )
+        # One conv window per draft step (SGLang's layout for draft trees and its CPU engine;
+        # its default for chains overlaps them), so an emulated verify writes each step's own.
+        shape = replace(shape, disable_conv_window_dedup=True)
         req_pool = HybridReqToTokenPool(
             size=8,
             mamba_size=16 if extra_buffer else 6,

@@ -1,0 +1,114 @@
+"""The CPU interpreter mode's speculative stand-ins (jenga_sglang/cpu_speculative.py) against
+SGLang's own kernels, run in Triton's interpreter, or the contract their docstrings state."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from jenga_sglang import cpu_speculative
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    import torch
+
+    return torch
+
+
+def test_cache_locs_gather_what_sglangs_kernel_writes(torch: Any) -> None:
+    from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs
+
+    gen = torch.Generator().manual_seed(0)
+    req_to_token = torch.randint(1, 1000, (6, 64), generator=gen, dtype=torch.int32)
+    rows = torch.tensor([4, 1, 3], dtype=torch.int64)
+    start = torch.tensor([0, 17, 60], dtype=torch.int64)
+    n = 4
+    want = torch.empty(len(rows) * n, dtype=torch.int64)
+    assign_extend_cache_locs[(len(rows),)](
+        rows, req_to_token, start, start + n, want, req_to_token.shape[1], 4
+    )
+    got = cpu_speculative.assign_extend_cache_locs(
+        rows, req_to_token, start, start + n, len(rows), n, "cpu"
+    )
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+
+
+def test_greedy_verify_accepts_the_longest_agreeing_chain(torch: Any) -> None:
+    """Two chains of 4 (root + 3 drafts): the target agrees with 2 drafts of the first and all
+    3 of the second; the accepted positions are flattened batch indices."""
+    candidates = torch.tensor([[7, 8, 9, 10], [1, 2, 3, 4]])
+    target = torch.tensor([[8, 9, 5, 6], [2, 3, 4, 11]])
+    chain = torch.tensor([[1, 2, 3, -1]] * 2)
+    accept = torch.full((2, 4), -1, dtype=torch.int32)
+    correct = torch.full((2,), 99, dtype=torch.int32)
+    predicts = torch.zeros(8, dtype=torch.int32)
+    cpu_speculative.verify_tree_greedy(
+        predicts,
+        accept,
+        correct,
+        candidates,
+        torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]),
+        chain,
+        torch.full((2, 4), -1),
+        target,
+    )
+    assert accept.tolist() == [[0, 1, 2, -1], [4, 5, 6, 7]]
+    assert correct.tolist() == [2, 3]
+    assert predicts[accept[0, :3].long()].tolist() == [8, 9, 5]  # drafts 8, 9, then the bonus
+
+
+def test_the_state_commit_copies_the_chosen_step_into_each_slot(torch: Any) -> None:
+    """Rows (scratch) and slots (pool) differ; a negative step copies nothing; the track copy
+    takes its own step; conv and temporal alike."""
+    from types import SimpleNamespace
+
+    layers, slots, rows, steps = 2, 6, 3, 4
+    scratch = torch.arange(layers * rows * steps * 5, dtype=torch.float32)
+    caches = SimpleNamespace(
+        temporal=torch.zeros(layers, slots, 5),
+        intermediate_ssm=scratch.view(layers, rows, steps, 5),
+        conv=[torch.zeros(layers, slots, 5)],
+        intermediate_conv_window=[scratch.view(layers, rows, steps, 5) + 0.5],
+    )
+    live, last = torch.tensor([5, 2, 4]), torch.tensor([1, -1, 3])
+    track, to_track = torch.tensor([1, 3, 0]), torch.tensor([0, -1, -1])
+    cpu_speculative.scatter_mamba_states_after_verify(caches, live, last, track, to_track)
+    view = scratch.view(layers, rows, steps, 5)
+    assert torch.equal(caches.temporal[:, 5], view[:, 0, 1])
+    assert torch.equal(caches.temporal[:, 4], view[:, 2, 3])
+    assert torch.equal(caches.temporal[:, 1], view[:, 0, 0])  # the track copy of row 0
+    assert torch.equal(caches.conv[0][:, 4], view[:, 2, 3] + 0.5)
+    for untouched in (0, 2, 3):
+        assert not caches.temporal[:, untouched].any() and not caches.conv[0][:, untouched].any()
+
+
+def test_ngram_imports_with_the_stand_in_op_and_rebuilds_a_chain(torch: Any) -> None:
+    """With the `sgl_kernel.speculative` stand-in, NGRAM's worker imports, and its tree
+    metadata for a causal chain links each draft to the next."""
+    added = cpu_speculative.stub_sgl_kernel_speculative()
+    try:
+        from sglang.kernels.ops.speculative.reconstruct_tree import (
+            reconstruct_indices_from_tree_mask_func,
+        )
+        from sglang.srt.speculative import ngram_worker
+
+        assert ngram_worker.NGRAMWorker is not None
+        n = 4
+        mask = torch.tril(torch.ones(n, n, dtype=torch.bool)).flatten()
+        positions = torch.empty(n, dtype=torch.int64)
+        index = torch.empty((1, n), dtype=torch.int64)
+        following = torch.empty((1, n), dtype=torch.int64)
+        sibling = torch.empty((1, n), dtype=torch.int64)
+        reconstruct_indices_from_tree_mask_func(
+            mask, torch.tensor([10]), positions, index, following, sibling, 1, n
+        )
+        assert positions.tolist() == [10, 11, 12, 13]
+        assert following.tolist() == [[1, 2, 3, -1]] and sibling.tolist() == [[-1] * n]
+    finally:
+        if added:
+            del sys.modules["sgl_kernel.speculative"]
