@@ -35,6 +35,7 @@ def _parse(*argv: str) -> argparse.Namespace:
     parser.add_argument("--enable-unified-memory", action="store_true")
     parser.add_argument("--mamba-full-memory-ratio", type=float, default=None)
     parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument("--speculative-algorithm", default=None)
     parser.add_argument("--device", default=None)
     for flag in (
         "--attention-backend",
@@ -128,6 +129,10 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
             ("--enable-jenga", "--attention-backend", "trtllm_mha"),
             "pass --attention-backend triton .* or --no-jenga-pool",
         ),
+        (
+            ("--enable-jenga", "--speculative-algorithm", "EAGLE"),
+            "--jenga-pool .* --speculative-algorithm: only NGRAM runs over the pool",
+        ),
     ],
 )
 def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
@@ -137,6 +142,11 @@ def test_conflicts_name_the_flags(argv: tuple[str, ...], named: str) -> None:
 
 def test_explicit_jenga_backend_is_no_conflict() -> None:
     check_conflicts(_parse("--enable-jenga", "--radix-cache-backend", "jenga"))
+
+
+def test_speculation_without_a_draft_model_runs_over_the_pool() -> None:
+    check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", "NGRAM"))
+    check_conflicts(_parse("--enable-jenga", "--no-jenga-pool", "--speculative-algorithm", "EAGLE"))
 
 
 def test_without_the_pool_sglang_memory_flags_are_no_conflict() -> None:

@@ -13,15 +13,25 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Refusal:
     """SGLang's flag `flag` (namespace attribute `attr`) is refused when its value is not
-    `unset` (nor None); `reason` says why, in one clause."""
+    `unset` (nor None, nor one of `allowed`, compared case-blind); `reason` says why, in one
+    clause."""
 
     attr: str
     flag: str
     reason: str
     unset: object = False
+    allowed: tuple[str, ...] = ()
 
     def given(self, args: argparse.Namespace) -> bool:
-        return getattr(args, self.attr, self.unset) not in (self.unset, None)
+        value = getattr(args, self.attr, self.unset)
+        if value in (self.unset, None):
+            return False
+        return not (isinstance(value, str) and value.upper() in self.allowed)
+
+
+#: Speculative algorithms the Jenga pool serves: those without a draft model, whose verify
+#: scratch sits beside the pool (binding/pools/sglang_pool.py `add_verify_scratch`).
+POOL_SPECULATIVE: tuple[str, ...] = ("NGRAM",)
 
 
 #: Refused with our cache at all: each selects another cache or a feature built on SGLang's own.
@@ -81,8 +91,10 @@ WITH_POOL: tuple[Refusal, ...] = (
     Refusal(
         "speculative_algorithm",
         "--speculative-algorithm",
-        "the draft model's KV and state are not a page type of the pool yet",
+        "only NGRAM runs over the pool: a draft model's KV and state are not a page type of "
+        "the pool yet",
         None,
+        POOL_SPECULATIVE,
     ),
 )
 

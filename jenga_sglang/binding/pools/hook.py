@@ -32,6 +32,7 @@ from jenga_sglang.binding.pools.build import (
     storage_spec,
 )
 from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
+from jenga_sglang.binding.refusals import POOL_SPECULATIVE
 
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 logger = logging.getLogger(__name__)
@@ -117,8 +118,9 @@ def _check_supported(configurator: Any) -> None:
     problems = []
     if configurator.is_hybrid_swa or configurator.use_mla_backend:
         problems.append("sliding-window or MLA attention")
-    if get_spec().speculative_algorithm is not None:
-        problems.append("speculative decoding")
+    algorithm = get_spec().speculative_algorithm
+    if algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE:
+        problems.append(f"speculative decoding with a draft model ({algorithm})")
     mamba = get_exec().mamba
     if mamba.enable_linear_replayssm or mamba.enable_linear_replayssm_spec:
         problems.append("--enable-linear-replayssm")
@@ -133,7 +135,13 @@ def _build(configurator: Any, sizes: Any) -> Any:
         get_mamba_tracking_slots,
         get_req_to_token_extra_context_len,
     )
-    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule
+    from sglang.srt.runtime_context import (
+        get_exec,
+        get_parallel,
+        get_schedule,
+        get_spec,
+        max_speculative_num_draft_tokens,
+    )
 
     from jenga_sglang.binding.cache.tp_consensus import agree_pool_budget
 
@@ -178,6 +186,8 @@ def _build(configurator: Any, sizes: Any) -> Any:
             "enable_mamba_extra_buffer_lazy": mamba.enable_mamba_extra_buffer_lazy,
             "enable_overlap_schedule": overlap,
             "start_layer": layer.start_layer,
+            "speculative_num_draft_tokens": max_speculative_num_draft_tokens(),
+            "speculative_eagle_topk": get_spec().speculative_eagle_topk,
         },
         page_size=schedule.page_size,
         checkpoint_base=int(schedule.max_mamba_cache_size or running),

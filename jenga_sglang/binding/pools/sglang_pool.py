@@ -15,8 +15,13 @@
   Mamba pool size, doubled unless `--int8-mamba-ckpt-size` says otherwise), from the same
   headroom outside the KV budget: int8 pages are not a page type of the Jenga pool yet.
 
-Speculative decoding's per-draft buffers, ReplaySSM rings and Qwen4-Exp side states are not
-supported: the hook (binding/pools/hook.py) refuses those configurations at start-up.
+Speculative decoding without a draft model (NGRAM): the verify forward keeps each draft step's
+state in per-request scratch (`SpeculativeState.intermediate_*`, one row per running request,
+never a cache entry), which `JengaMambaPool.add_verify_scratch` allocates beside the Jenga
+buffer, dense (one conv window per step, SGLang's layout for draft trees). Accepted tokens' KV
+moves over the views by index (`move_kv_cache_native`). Draft models' pools, ReplaySSM rings
+and Qwen4-Exp side states are not supported: the hook (binding/pools/hook.py) refuses those
+configurations at start-up.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from sglang.srt.mem_cache.memory_pool import (
     HybridReqToTokenPool,
     MambaPool,
     MHATokenToKVPool,
+    move_kv_cache_native,
 )
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
@@ -81,6 +87,11 @@ class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang h
     def _kv_tokens_per_row(self) -> int:
         return 1
 
+    def _move_kv_cache_impl(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Speculative decoding's accepted-token move, by index over the views (SGLang's
+        native move; its tiled copy assumes contiguous rows)."""
+        move_kv_cache_native(self.k_buffer, self.v_buffer, tgt_loc, src_loc)
+
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Bytes of K and V the views address (not the strided span they cover)."""
         k = sum(v.numel() * v.element_size() for v in self._k_views)
@@ -112,6 +123,24 @@ class JengaMambaPool(MambaPool):  # type: ignore[misc]  # sglang has no types
         self.mamba_cache = self.State(conv=[views.conv_stacked], temporal=views.temporal_stacked)
         self.mem_usage = self.mamba_cache.mem_usage_bytes() / (1 << 30)
 
+    def add_verify_scratch(self, requests: int, draft_tokens: int) -> None:
+        """Per-draft-step state scratch for `requests` running requests' verify forwards:
+        [layers, requests + 1, draft_tokens, *state] per tensor, outside the Jenga buffer."""
+        state = self.mamba_cache
+
+        def scratch(live: torch.Tensor) -> torch.Tensor:
+            layers, _, *shape = live.shape
+            size = (layers, requests + 1, draft_tokens, *shape)
+            return torch.zeros(size, dtype=live.dtype, device=live.device)
+
+        self.mamba_cache = self.SpeculativeState(
+            conv=state.conv,
+            temporal=state.temporal,
+            intermediate_ssm=scratch(state.temporal),
+            intermediate_conv_window=[scratch(conv) for conv in state.conv],
+        )
+        self.mem_usage = self.mamba_cache.mem_usage_bytes() / (1 << 30)
+
 
 class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
     """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
@@ -132,6 +161,9 @@ class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
         from sglang.srt.mem_cache.ple_state_pool import NGramPool, ShortConvPool
 
         self.mamba_pool, self.mamba_allocator = self._jenga_mamba
+        draft_tokens = kwargs.get("speculative_num_draft_tokens")
+        if draft_tokens:
+            self.mamba_pool.add_verify_scratch(kwargs["mamba_spec_state_size"], draft_tokens)
         layer_ids = kwargs["mamba_layer_ids"]
         self.mamba_map = {layer_id: i for i, layer_id in enumerate(layer_ids)}
         # Side states of Qwen4-Exp only; empty (disabled) as on SGLang's unified pool.
