@@ -6,7 +6,7 @@ STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
-	scale-tp scale-dp scale-dp-full window-events
+	scale-tp scale-dp scale-dp-full window-events speculative-cpu
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -79,6 +79,12 @@ scale-dp-full: tiny-model
 window-events: data/tiny-gpt_oss/model.safetensors
 	$(PY) -m jenga_sglang.bench.studies.window_events --model data/tiny-gpt_oss \
 	    --out out/window-events
+
+# NGRAM speculative decoding on the tiny NemotronH, stock and --enable-jenga (Jenga pool), both
+# Mamba strategies: outputs, acceptance and cached tokens side by side (about 15 minutes).
+speculative-cpu: tiny-model
+	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-model \
+	    --out out/speculative-cpu
 
 data/tiny-gpt_oss/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 	$(PY) scripts/make_tiny_model.py --family gpt_oss --out data/tiny-gpt_oss
