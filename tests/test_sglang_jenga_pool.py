@@ -55,6 +55,7 @@ def _pools(
     reserve: int = 2,
     rows: int = 4,
     page_size: int = 1,
+    draft_tokens: int | None = None,
 ) -> Any:
     from jenga_sglang.binding.pools.build import (
         KVShape,
@@ -78,6 +79,7 @@ def _pools(
             "mamba_spec_state_size": rows,
             "max_context_len": 128,
             "enable_mamba_extra_buffer": False,
+            "speculative_num_draft_tokens": draft_tokens,
         },
         page_size=page_size,
     )
@@ -137,6 +139,34 @@ def test_mamba_state_through_sglang_pool_is_our_bytes(sg: Any) -> None:
     assert bool((req_pool.mamba2_layer_cache(MAMBA[0]).conv[0][b] == 5).all())
     req_pool.mamba_pool.clear_slots(torch.tensor([a]))
     assert not ours.temporal_stacked[:, a].any() and ours.temporal_stacked[:, b].any()
+
+
+def test_ngram_verify_scratch_sits_beside_the_pool_and_kv_moves_over_the_views(sg: Any) -> None:
+    """With draft tokens (NGRAM), SGLang's speculative accessors find per-request scratch
+    outside our buffer, one row per running request plus the padding row, dense per step;
+    the states themselves stay our views. SGLang's accepted-token KV move copies over the
+    views (the layout's bytes)."""
+    from jenga_sglang.binding.pools.build import KV_TYPE
+
+    pools = _pools(sg, rows=4, draft_tokens=3)
+    torch, layout = sg.torch, pools.layout
+    spec = pools.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+    assert spec.intermediate_ssm.shape == (len(MAMBA), 5, 3, 1, 4, 8)
+    (window,) = spec.intermediate_conv_window
+    assert window.shape == (len(MAMBA), 5, 3, 3, 8) and window.is_contiguous()
+    assert not _inside(layout, spec.intermediate_ssm) and not _inside(layout, window)
+    assert _inside(layout, spec.temporal) and _inside(layout, spec.conv[0])
+    assert spec.conv[0].dtype == window.dtype == torch.bfloat16
+    plain = _pools(sg, rows=4).req_to_token_pool.mamba_pool.mamba_cache
+    assert not hasattr(plain, "intermediate_ssm")  # no drafts: no scratch
+
+    kv_pool, allocator = pools.token_to_kv_pool, pools.token_to_kv_pool_allocator
+    src, dst = allocator.alloc(3), allocator.alloc(3)
+    k = torch.randn(3, 2, 8).bfloat16()
+    kv_pool.set_kv_buffer(_layer(2), src, k, k * 2)
+    kv_pool.move_kv_cache(dst, src)  # SGLang's entry point (full_kv_pool under the hybrid)
+    ours = layout.kv[KV_TYPE][1]
+    assert torch.equal(ours.k_slots[dst], k) and torch.equal(ours.v_slots[dst], k * 2)
 
 
 def test_a_large_page_used_as_kv_is_reused_for_states_without_moving(sg: Any) -> None:
