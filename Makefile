@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
+.PHONY: install demo test test-full lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
 	scale-tp scale-dp scale-dp-full window-events speculative-cpu
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
@@ -21,6 +21,11 @@ demo: install tiny-model
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The long live variants `make test` skips (tests marked `full`: another Mamba2 family, the
+# load test's no_buffer strategy); about 6 minutes on 2 cores.
+test-full: install tiny-model
+	$(PY) -m pytest -q -p no:cacheprovider --full -m full
 
 # Compile the tree, policies and replay loops with mypyc, in place (about 1 minute on 2 cores;
 # same decisions, about 3x faster replays, a cheaper cache on SGLang's scheduler thread;

@@ -3,6 +3,10 @@
 Triton reads TRITON_INTERPRET when it is first imported; any module (ours or sglang's) may import
 it, so the CPU interpreter is switched on here, before collection. The rest of the interpreter
 set-up lives in tests/triton_cpu.py.
+
+Tests marked `full` are long live variants beside a CI-sized one (another family of a cache
+kind, the other Mamba strategy of a load test): `make test` skips them, saying so, and
+`make test-full` (`pytest --full -m full`) runs them.
 """
 
 import os
@@ -13,6 +17,19 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true", help="also run tests marked `full`")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="a long live variant beside a CI-sized one: make test-full")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

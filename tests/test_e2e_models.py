@@ -12,7 +12,9 @@ server's (log-probabilities within 1e-3), and the hits are what they must be: fo
 exactly SGLang's own cache's; for the state families turn 2 at least stock's and the second
 branch resumes at the branch point (floored to a page), where stock's cache holds no state.
 Six server starts: about 15 minutes on 2 shared cores (gpt-oss runs its Triton attention
-under the interpreter).
+under the interpreter). `make test` leaves Falcon-H1 to `make test-full`: the tiny NemotronH
+covers the Mamba2 kind there (tests/test_e2e_server.py), and `make e2e-models` serves every
+family.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def _check(row: dict[str, object], out: Path, name: str) -> None:
     assert "impl=JengaRadixCache" in log
 
 
+@pytest.mark.full  # NemotronH covers the Mamba2 kind in `make test` (tests/test_e2e_server.py)
 def test_mamba2_family_served_identical_and_resumes_at_the_branch(tmp_path: Path) -> None:
     (row,) = run_models(("falcon_h1",), tmp_path / "out", tmp_path / "data")
     _check(row, tmp_path / "out", "falcon_h1")

@@ -13,7 +13,8 @@ One server per Mamba cache strategy, with a small pool (`--max-total-tokens 128
 5. a final request that must succeed, whose continuation hits its prompt-end state, and a log
    without tracebacks or leaks.
 
-About 1.5-2 minutes per strategy on 2 cores.
+About 1.5-2 minutes per strategy on 2 cores; `make test` runs extra_buffer (overlap scheduling,
+SGLang's GPU default), `make test-full` no_buffer too.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _prompt(i: int, length: int = 60) -> list[int]:
     return shared + [100 + (13 * i + 7 * j) % 300 for j in range(length - len(shared))]
 
 
-@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
+@pytest.mark.parametrize(
+    "strategy", [pytest.param("no_buffer", marks=pytest.mark.full), "extra_buffer"]
+)
 def test_load_cancel_retract_bad_inputs_idle(
     tiny_model: Path, tmp_path: Path, strategy: str
 ) -> None:
