@@ -1,9 +1,9 @@
 """Speculative decoding (issue #31) over our tree, through SGLang's own speculative steps.
 
-No speculative algorithm serves on this CPU machine (docs/sglang.md, "Speculative decoding"),
-so these tests drive one engine (tests/mamba_session.py: SGLang's pools, our `JengaRadixCache`)
-through what an NGRAM chain verify does between the scheduler and the cache, with SGLang's code
-wherever it runs here:
+Without a server, and so without a model's forward, these tests drive one engine
+(tests/mamba_session.py: SGLang's pools, our `JengaRadixCache`) through what an NGRAM chain
+verify does between the scheduler and the cache, so that every slot a step touches can be
+read back; SGLang's code runs wherever it runs here:
 
 * the draft over-allocation: `page_aligned_decode_alloc_lens` with the reserve SGLang computes
   for the configured drafts, then `alloc_for_spec_decode` (evicting from our tree if it must);
@@ -19,8 +19,8 @@ wherever it runs here:
   `_mamba_can_cache_finished_req` (no_buffer: skip the insert when a stop lands inside an
   accepted run), then `release_kv_cache`.
 
-What stays unmeasured: the real verify forward (attention over the draft mask, the Mamba
-mixer's per-step kernels) and a server's acceptance rates.
+The real verify forward (attention over the draft mask, the Mamba mixer's per-step kernels)
+and a server's acceptance are tests/test_e2e_speculative.py's, against stock NGRAM.
 """
 
 from __future__ import annotations
