@@ -135,6 +135,31 @@ def test_sglang_sizes_over_the_jenga_pool_are_in_tokens(page: int) -> None:
     assert got.full_max_total_num_tokens == allocator.size_full == allocator.size_swa
 
 
+def test_accepted_draft_kv_moves_over_both_pools_views() -> None:
+    """NGRAM over the sliding-window Jenga pool: SGLang's accepted-token move (SWAKVPool's,
+    through its full-to-window mapping) copies K and V in our full and window views."""
+    import torch
+    from swa_session import jenga_window_params
+
+    allocator = jenga_window_params(8 * 2 * 600).token_to_kv_pool_allocator
+    kv = allocator.get_kvcache()
+    src, dst = allocator.alloc(3), allocator.alloc(3)
+    window_src = kv.translate_loc_from_full_to_swa(src)
+    for pool, loc, base in ((kv.full_kv_pool, src, 1.0), (kv.swa_kv_pool, window_src, 7.0)):
+        pool.k_buffer[0][loc] = base + torch.arange(3.0).view(3, 1, 1)
+        pool.v_buffer[0][loc] = -base - torch.arange(3.0).view(3, 1, 1)
+    kv.move_kv_cache(dst, src)
+    window_dst = kv.translate_loc_from_full_to_swa(dst)
+    assert torch.equal(kv.full_kv_pool.k_buffer[0][dst], kv.full_kv_pool.k_buffer[0][src])
+    assert torch.equal(kv.full_kv_pool.v_buffer[0][dst], kv.full_kv_pool.v_buffer[0][src])
+    assert torch.equal(
+        kv.swa_kv_pool.k_buffer[0][window_dst], 7.0 + torch.arange(3.0).view(3, 1, 1)
+    )
+    assert torch.equal(
+        kv.swa_kv_pool.v_buffer[0][window_dst], -7.0 - torch.arange(3.0).view(3, 1, 1)
+    )
+
+
 def test_window_rule_follows_sglang_window() -> None:
     s = SwaSession()
     assert s.cache.supports_swa()

@@ -21,6 +21,7 @@ from jenga_sglang.binding.pools.build import (
     build_jenga_swa_pools,
     swa_storage_spec,
 )
+from jenga_sglang.binding.refusals import POOL_SPECULATIVE
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,9 @@ def _check_supported(configurator: Any) -> None:
 
     check_pool_attention(*attention_backends())  # SGLang's resolved (prefill, decode) pair
     problems = []
-    if get_spec().speculative_algorithm is not None:
-        problems.append("speculative decoding")
+    algorithm = get_spec().speculative_algorithm
+    if algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE:
+        problems.append(f"speculative decoding with a draft model ({algorithm})")
     if getattr(configurator, "is_hybrid_swa_compress", False):
         problems.append("window layers of another head shape")
     if configurator.use_mla_backend:
