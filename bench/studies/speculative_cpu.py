@@ -67,8 +67,8 @@ def run_variant(
 
     rng = random.Random(args.seed + 1)
     rows: list[dict[str, Any]] = []
-    sessions = [ids for kind, ids in workload(args) if kind == "session"]
-    total = len(sessions) * (args.turns + 1) + 2 * args.branches
+    items = workload(args)
+    total = sum(args.turns + 1 if kind == "session" else 1 for kind, _ in items)
     bar = tqdm(total=total, desc=f"{variant} {strategy}", unit="req", file=sys.stderr,
                disable=args.no_progress)  # fmt: skip
     log = out / f"{variant}-{strategy}.log"
@@ -90,7 +90,7 @@ def run_variant(
             bar.update()
             return list(body["output_ids"])
 
-        for kind, ids in workload(args):
+        for kind, ids in items:
             if kind == "branch":
                 ask(ids, "branch")
                 continue

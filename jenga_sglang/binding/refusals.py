@@ -34,6 +34,11 @@ class Refusal:
 POOL_SPECULATIVE: tuple[str, ...] = ("NGRAM",)
 
 
+def pool_refuses_speculation(algorithm: object) -> bool:
+    """Whether SGLang's resolved speculative algorithm needs a draft model the pool lacks."""
+    return algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE
+
+
 #: Refused with our cache at all: each selects another cache or a feature built on SGLang's own.
 WITH_JENGA: tuple[Refusal, ...] = (
     Refusal(

@@ -32,7 +32,7 @@ from jenga_sglang.binding.pools.build import (
     storage_spec,
 )
 from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
-from jenga_sglang.binding.refusals import POOL_SPECULATIVE
+from jenga_sglang.binding.refusals import pool_refuses_speculation
 
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _check_supported(configurator: Any) -> None:
     if configurator.is_hybrid_swa or configurator.use_mla_backend:
         problems.append("sliding-window or MLA attention")
     algorithm = get_spec().speculative_algorithm
-    if algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE:
+    if pool_refuses_speculation(algorithm):
         problems.append(f"speculative decoding with a draft model ({algorithm})")
     mamba = get_exec().mamba
     if mamba.enable_linear_replayssm or mamba.enable_linear_replayssm_spec:

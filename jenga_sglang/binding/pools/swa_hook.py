@@ -21,7 +21,7 @@ from jenga_sglang.binding.pools.build import (
     build_jenga_swa_pools,
     swa_storage_spec,
 )
-from jenga_sglang.binding.refusals import POOL_SPECULATIVE
+from jenga_sglang.binding.refusals import pool_refuses_speculation
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _check_supported(configurator: Any) -> None:
     check_pool_attention(*attention_backends())  # SGLang's resolved (prefill, decode) pair
     problems = []
     algorithm = get_spec().speculative_algorithm
-    if algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE:
+    if pool_refuses_speculation(algorithm):
         problems.append(f"speculative decoding with a draft model ({algorithm})")
     if getattr(configurator, "is_hybrid_swa_compress", False):
         problems.append("window layers of another head shape")
