@@ -20,7 +20,8 @@ from jenga_sglang.binding.host.copies import DetachedCopies, SglangHostCopies
 from jenga_sglang.binding.host.memory import HostSlotMemory
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.radix.pages import OutOfMemory
-from tests.mamba_session import Session, expected, load_sg, tokens
+from tests.mamba_session import Session, expected, load_sg, recur, tokens
+from tests.test_binding_int8_checkpoints import assert_checkpoint_of, roundtrip
 
 pytestmark = pytest.mark.sglang
 
@@ -271,9 +272,34 @@ def test_a_pickled_cache_replays_the_tier_without_bytes(sg: Any) -> None:
     copy.check_integrity()
 
 
-def test_refused_beside_int8_checkpoints(sg: Any) -> None:
-    with pytest.raises(NotImplementedError, match="--jenga-host-gb conflicts with --enable-int8"):
-        Session(sg, int8_slots=8, host_gb=1.0)
+def test_an_int8_checkpoint_goes_to_host_and_comes_back_as_it_was_quantized(sg: Any) -> None:
+    """`--enable-int8-mamba-checkpoint`: the tree's states are slots of SGLang's checkpoint
+    pool; a demoted one is copied quantized, and the load-back puts SGLang's quantization of
+    the right prefix into a fresh checkpoint slot, which the hit then dequantizes from."""
+    s = tiered(sg, int8_slots=4)
+    host = s.cache.host
+    assert host is not None
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    history = first_in + first_out
+    fill_with_others(s, 8)  # four checkpoint slots: the first session's must leave
+    s.cache.sanity_check()
+    assert host.demoted_states > 0
+    assert not any(n.state is not None for n in s.cache.cache.tree.nodes() if n.end >= 100)
+    req = s.admit(history + tokens(5, 12), 4)
+    hit = int(req.prefix_len)
+    assert hit >= 100 and s.cache.host_hit_tokens > 0
+    src = int(req.kv.mamba_cow_src_index[0])
+    assert 1 <= src <= 4  # a checkpoint slot, not a live one
+    assert_checkpoint_of(s, src, history[:hit])
+    assert s.kv_at(req, hit) == [float(t) for t in history[:hit]]
+    s.prefill(req, 7)
+    live = s.pool.mamba_pool.mamba_cache.temporal[:, int(req.kv.mamba_pool_idx)]
+    ids = history + tokens(5, 12)
+    assert sg.torch.equal(live, recur(roundtrip(s, expected(sg, history[:hit]))[:, 0], ids[hit:]))
+    s.decode_and_finish(req, ids, [7, 8, 9, 10])
+    s.cache.sanity_check()
+    s.slots_balance()
 
 
 def test_options_parse_the_host_flags() -> None:

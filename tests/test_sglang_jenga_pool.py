@@ -470,6 +470,28 @@ def test_paged_kv_slots_fill_pages_and_read_through_sglang(sg: Any) -> None:
     pools.shared.check_integrity()
 
 
+def test_a_paged_alloc_hands_out_whole_pages(sg: Any) -> None:
+    """--page-size 4: `alloc` (a host load-back's KV) gives every slot of whole pages, as
+    SGLang's paged allocator does, refuses a count that is not whole pages, and its slots go
+    back page by page."""
+    pools = _pools(sg, kv_tokens=64, page_size=4)
+    allocator = pools.token_to_kv_pool_allocator
+    free0 = allocator.available_size()
+    got = allocator.alloc(8)
+    assert got is not None and len(got) == 8
+    pages = [int(i) // 4 for i in got.tolist()]
+    assert pages[:4] == [pages[0]] * 4 and pages[4:] == [pages[4]] * 4 and pages[0] != pages[4]
+    assert min(pages) >= 1 and [int(i) % 4 for i in got.tolist()] == [0, 1, 2, 3] * 2
+    assert allocator.available_size() == free0 - 8
+    with pytest.raises(ValueError, match="not whole pages of 4"):
+        allocator.alloc(6)
+    assert allocator.available_size() == free0 - 8  # the refusal took nothing
+    assert allocator.alloc(free0) is None
+    allocator.free(got)
+    assert allocator.available_size() == free0
+    pools.shared.check_integrity()
+
+
 def _check(budget: Any, total: int) -> bool:
     """SGLang's admission question for a request of `total` tokens (no decode, no chunking)."""
     admit, _ = budget.check_prefill(

@@ -4,7 +4,11 @@ KV: the full-attention pool's per-layer K and V buffers (`k_buffer`, `v_buffer`:
 `MHATokenToKVPool`, or the Jenga pool's views of it), indexed by token slot; a host block
 keeps one tensor per buffer with a row per token, so a split host node loads any run of its
 rows. States: SGLang's `MambaPool.get_cpu_copy` / `load_cpu_copy` (the offload pair its
-retraction uses), on physical slot ids (`translate_mamba_indices`).
+retraction uses), on physical slot ids (`translate_mamba_indices`); with
+`--enable-int8-mamba-checkpoint` the tree's states are slots of SGLang's `MambaCheckpointPool`,
+whose tensors (the quantized temporal state, its scales, the conv windows) are copied as they
+are, so host memory holds the int8 bytes and a loaded checkpoint is the demoted one, bit for
+bit (dequantizing happens where it always does: the hit's copy-on-write into a live slot).
 
 Synchronous: a demotion copies on the scheduler thread before the device slots are freed, and
 a load-back before the request's match returns. On a GPU that puts both on the critical path;
@@ -38,7 +42,15 @@ class DetachedCopies(HostCopies):
 class SglangHostCopies(HostCopies):
     """Copies between SGLang's device pools and `memory`."""
 
-    def __init__(self, kvcache: Any, req_to_token_pool: Any, memory: HostSlotMemory) -> None:
+    def __init__(
+        self,
+        kvcache: Any,
+        req_to_token_pool: Any,
+        memory: HostSlotMemory,
+        checkpoints: Any = None,
+    ) -> None:
+        """`checkpoints`: SGLang's int8 checkpoint pool, where the tree's states live (None:
+        they are live Mamba slots)."""
         pool = getattr(kvcache, "full_kv_pool", kvcache)  # a hybrid model's attention pool
         if not hasattr(pool, "k_buffer") or not hasattr(pool, "v_buffer"):
             raise NotImplementedError(
@@ -48,6 +60,11 @@ class SglangHostCopies(HostCopies):
         self._buffers: list[torch.Tensor] = [*pool.k_buffer, *pool.v_buffer]
         self._device = self._buffers[0].device
         self._req_pool = req_to_token_pool
+        self._checkpoints: list[torch.Tensor] = (
+            []
+            if checkpoints is None
+            else [checkpoints.temporal.qdata, checkpoints.temporal.scale, *checkpoints.conv]
+        )  # slot-major on dim 1, as SGLang indexes them
         self.memory = memory
         self.stored_bytes = 0  # device -> host, KV rows and state copies, cumulative
         self.loaded_bytes = 0  # host -> device
@@ -56,6 +73,8 @@ class SglangHostCopies(HostCopies):
         index = self._index(device)
         if ptype.kind is PageKind.KV:
             data: Any = [buffer[index].to("cpu") for buffer in self._buffers]
+        elif self._checkpoints:
+            data = [tensor[:, index].to("cpu") for tensor in self._checkpoints]
         else:
             pool = self._req_pool
             data = pool.mamba_pool.get_cpu_copy(pool.translate_mamba_indices(index))
@@ -72,8 +91,12 @@ class SglangHostCopies(HostCopies):
                 buffer[index] = rows_of.to(self._device)
                 self.loaded_bytes += rows_of.numel() * rows_of.element_size()
             return
-        pool = self._req_pool
-        pool.mamba_pool.load_cpu_copy(data, pool.translate_mamba_indices(index))
+        if self._checkpoints:
+            for tensor, saved in zip(self._checkpoints, data, strict=True):
+                tensor[:, index] = saved.to(tensor.device)
+        else:
+            pool = self._req_pool
+            pool.mamba_pool.load_cpu_copy(data, pool.translate_mamba_indices(index))
         self.loaded_bytes += _nbytes(data)
 
     def _index(self, pages: Pages) -> torch.Tensor:

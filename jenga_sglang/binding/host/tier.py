@@ -19,9 +19,11 @@ places the backend's request path meets it.
   host. The request brings its own KV for those tokens, so the host copies on the path are
   dropped before the tree adopts them.
 
-Refused at start-up, with the flag named: sliding-window models (the window pool's slots), int8
-checkpoints (states in SGLang's checkpoint pool) and `--page-size` > 1 (a load-back allocates
-token slots, not pages), which this first version does not cover.
+With `--enable-int8-mamba-checkpoint` the tree's states are slots of SGLang's int8 checkpoint
+pool: they go to host and come back quantized (binding/host/copies.py), into checkpoint slots.
+
+Refused at start-up, with the flag named: sliding-window models (the window pool's slots), which
+this version does not copy.
 """
 
 from __future__ import annotations
@@ -68,19 +70,11 @@ def attach_live_tier(
             f"--jenga-host-gb: {spec.name} has a sliding-window pool, whose slots the host "
             "tier does not copy yet; serve it without --jenga-host-gb"
         )
-    if int(getattr(slots.allocator, "page_size", 1)) > 1:
-        raise NotImplementedError(
-            "--jenga-host-gb is served with --page-size 1 only: a load-back allocates token "
-            "slots one by one, not whole pages, so far"
-        )
-    if slots.checkpoints is not None:
-        raise NotImplementedError(
-            "--jenga-host-gb conflicts with --enable-int8-mamba-checkpoint: the host tier "
-            "copies live Mamba slots, not SGLang's int8 checkpoint pool; drop one of the two"
-        )
     sizes = {t: slots.memory.page_bytes(t) for t in slots.memory.page_types}
     memory = HostSlotMemory(int(options.host_gb * GB), sizes)
-    copies = SglangHostCopies(slots.allocator.get_kvcache(), slots.req_to_token_pool, memory)
+    copies = SglangHostCopies(
+        slots.allocator.get_kvcache(), slots.req_to_token_pool, memory, slots.checkpoints
+    )
     policy = FlopAwareTier(
         cache.tree.policy, options.host_bw * GB, options.prefill_tflops * 1e12, tier_layers(spec)
     )

@@ -76,11 +76,16 @@ class JengaTokenAllocator(BaseTokenToKVPoolAllocator):  # type: ignore[misc]  # 
         return int(self.engine.available(self.kv_type)) * int(self.page_size)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        assert self.page_size == 1, "a paged allocator allocates with alloc_extend / decode"
-        ids = self.engine.alloc(self.kv_type, need_size)
-        if ids is None:
+        """`need_size` slots in whole pages (a host load-back's KV), as SGLang's paged
+        allocator hands them out: every slot of each page, page after page."""
+        size = self.page_size
+        if need_size % size:
+            raise ValueError(f"{need_size} KV slots are not whole pages of {size}")
+        pages = self.engine.alloc(self.kv_type, need_size // size)
+        if pages is None:
             return None
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        ids = np.asarray(pages, dtype=np.int64)[:, None] * size + np.arange(size)
+        return torch.from_numpy(ids.reshape(-1)).to(self.device)
 
     def alloc_extend(
         self,

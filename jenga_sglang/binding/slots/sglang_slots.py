@@ -134,11 +134,13 @@ class SglangSlots:
 
     def allocate(self, ptype: PageType, count: int) -> Ids | None:
         """`count` slots of `ptype` from SGLang's allocator (a host hit's load-back); None when
-        it has not that many free. KV and live Mamba slots only: the host tier is refused with
-        sliding windows and int8 checkpoints (binding/host/tier.py)."""
+        it has not that many free. KV, live Mamba slots and int8 checkpoint slots: the host
+        tier is refused with sliding windows (binding/host/tier.py)."""
         if ptype == self.kv_type and self.window is None:
             got = self.allocator.alloc(count)
-        elif ptype == self.state_type and self.checkpoints is None:
+        elif ptype == self.state_type and self.checkpoints is not None:
+            got = self.checkpoints.alloc(count)
+        elif ptype == self.state_type:
             if self.donor is not None:
                 self.donor.prepare_mamba_allocation(count)
             got = self.req_to_token_pool.mamba_allocator.alloc(count)
