@@ -120,9 +120,12 @@ class SwaSession:
         swa: int = 256,
         chunk: int = 64,
         jenga_bytes: int | None = None,
+        host_gb: float = 0.0,
     ) -> None:
         """SGLang's pools of `full` and `swa` slots, or with `jenga_bytes` the Jenga pool of
-        that many bytes (a K and a V float per token and layer: 8 bytes a slot)."""
+        that many bytes (a K and a V float per token and layer: 8 bytes a slot); `host_gb` >
+        0: `--jenga-host-gb`, at rates that make every load beat its recompute (a fast link,
+        a slow prefill: the tiny spec's prefix costs next to nothing)."""
         import torch
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
         from sglang.srt.mem_cache import allocation, common
@@ -145,7 +148,10 @@ class SwaSession:
         self.kv = self.alloc.get_kvcache()
         policy = replace(SERVER_POLICY, eviction="lru")
         spec = sglang_windows(window_spec(), params.swa_retain_window)  # as the factory does
-        self.cache = JengaRadixCache(params, spec, JengaOptions(enabled=True, policy=policy))
+        options = JengaOptions(
+            enabled=True, policy=policy, host_gb=host_gb, host_bw=1e6, prefill_tflops=1e-12
+        )
+        self.cache = JengaRadixCache(params, spec, options)
         self.rid = 0
 
     # ------------------------------------------------------------------ the emulated forward
@@ -183,7 +189,13 @@ class SwaSession:
             sampling_params=self.SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
         )
         req.init_next_round_input(self.cache)
-        req.lock = self.cache.lock(req.last_node)
+        pin = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req, while it decides
+        try:
+            if req.needs_host_load_back():  # admitted with a host hit: SGLang's load-back
+                self._load_back(req)
+            req.lock = self.cache.lock(req.last_node)
+        finally:
+            self.cache.unlock(pin)
         self.allocation.alloc_req_slots(self.pool, [req], self.cache)
         hit = int(req.prefix_len)
         if hit:
@@ -192,6 +204,19 @@ class SwaSession:
         req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
         self.check_window(req, inp, hit)
         return req
+
+    def _load_back(self, req: Any) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        loaded = self.cache.init_load_back(
+            InitLoadBackParams(
+                best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req
+            )
+        )
+        assert loaded is not None
+        req.host_loaded_length, req.last_node = loaded
+        req.prefix_len += req.host_loaded_length
+        req.kv.cache_protected_len = req.prefix_len  # load_back_is_cache_owned()
 
     def prefill(self, req: Any, first_output: int) -> None:
         toks = list(req.origin_input_ids)

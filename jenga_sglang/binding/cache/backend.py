@@ -256,8 +256,8 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         if self.host is not None and load:
             found, loaded = load_hit(self.cache, self.host, tokens, found, namespace)
             self.host_hit_tokens += loaded
-            if loaded and self.slot_tree.events is not None:  # a router sees them again
-                self.slot_tree.report_loaded(tokens, found.path, namespace)
+            if loaded:
+                self.slot_tree.loaded(tokens, found.walk.path, namespace)
         elif self.host is not None:  # report what a load would add; SGLang's budget decides
             offer = offered(self.cache, self.host, tokens, found) if params.req else offer
             found = device_only(self.cache, found)
@@ -282,6 +282,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             best_match_node=HostHit(params) if offer.tokens else node,
             host_hit_length=offer.tokens,
             mamba_host_hit_length=int(offer.state),
+            swa_host_hit_length=offer.window,
             mamba_branching_seqlen=self._branch_for_sglang(planned),
             full_kv_hit_length=found.walk.length,
         )

@@ -1,14 +1,16 @@
 """The bytes behind the live tier's moves, read from and written to SGLang's own pools.
 
-KV: the full-attention pool's per-layer K and V buffers (`k_buffer`, `v_buffer`: SGLang's
-`MHATokenToKVPool`, or the Jenga pool's views of it), indexed by token slot; a host block
-keeps one tensor per buffer with a row per token, so a split host node loads any run of its
-rows. States: SGLang's `MambaPool.get_cpu_copy` / `load_cpu_copy` (the offload pair its
-retraction uses), on physical slot ids (`translate_mamba_indices`); with
-`--enable-int8-mamba-checkpoint` the tree's states are slots of SGLang's `MambaCheckpointPool`,
-whose tensors (the quantized temporal state, its scales, the conv windows) are copied as they
-are, so host memory holds the int8 bytes and a loaded checkpoint is the demoted one, bit for
-bit (dequantizing happens where it always does: the hit's copy-on-write into a live slot).
+KV: per attention group, its pool's per-layer K and V buffers (`k_buffer`, `v_buffer`: SGLang's
+`MHATokenToKVPool`, or the Jenga pool's views of it), indexed by token slot: the full-attention
+pool for the full group, and for a sliding-window model (`SWAKVPool`) the window pool for the
+window group, by SWA slot; a host block keeps one tensor per buffer with a row per token, so a
+split host node loads any run of its rows. States: SGLang's `MambaPool.get_cpu_copy` /
+`load_cpu_copy` (the offload pair its retraction uses), on physical slot ids
+(`translate_mamba_indices`); with `--enable-int8-mamba-checkpoint` the tree's states are slots
+of SGLang's `MambaCheckpointPool`, whose tensors (the quantized temporal state, its scales, the
+conv windows) are copied as they are, so host memory holds the int8 bytes and a loaded
+checkpoint is the demoted one, bit for bit (dequantizing happens where it always does: the
+hit's copy-on-write into a live slot).
 
 Synchronous: a demotion copies on the scheduler thread before the device slots are freed, and
 a load-back before the request's match returns. On a GPU that puts both on the critical path;
@@ -19,6 +21,7 @@ A pickled copy (the alpha tuner's replay) becomes `DetachedCopies`: it moves no 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -44,21 +47,16 @@ class SglangHostCopies(HostCopies):
 
     def __init__(
         self,
-        kvcache: Any,
+        buffers: Mapping[PageType, list[torch.Tensor]],
         req_to_token_pool: Any,
         memory: HostSlotMemory,
         checkpoints: Any = None,
     ) -> None:
-        """`checkpoints`: SGLang's int8 checkpoint pool, where the tree's states live (None:
-        they are live Mamba slots)."""
-        pool = getattr(kvcache, "full_kv_pool", kvcache)  # a hybrid model's attention pool
-        if not hasattr(pool, "k_buffer") or not hasattr(pool, "v_buffer"):
-            raise NotImplementedError(
-                f"--jenga-host-gb: the KV pool {type(pool).__name__} has no per-layer K and V "
-                "buffers to copy (MLA and other layouts are not served by the host tier)"
-            )
-        self._buffers: list[torch.Tensor] = [*pool.k_buffer, *pool.v_buffer]
-        self._device = self._buffers[0].device
+        """`buffers`: each KV page type's K and V buffers (`kv_buffers`); `checkpoints`:
+        SGLang's int8 checkpoint pool, where the tree's states live (None: they are live
+        Mamba slots)."""
+        self._buffers = dict(buffers)
+        self._device = next(iter(self._buffers.values()))[0].device
         self._req_pool = req_to_token_pool
         self._checkpoints: list[torch.Tensor] = (
             []
@@ -72,7 +70,7 @@ class SglangHostCopies(HostCopies):
     def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
         index = self._index(device)
         if ptype.kind is PageKind.KV:
-            data: Any = [buffer[index].to("cpu") for buffer in self._buffers]
+            data: Any = [buffer[index].to("cpu") for buffer in self._buffers[ptype]]
         elif self._checkpoints:
             data = [tensor[:, index].to("cpu") for tensor in self._checkpoints]
         else:
@@ -86,7 +84,7 @@ class SglangHostCopies(HostCopies):
         index = self._index(device)
         if ptype.kind is PageKind.KV:
             picked = torch.from_numpy(rows)
-            for buffer, saved in zip(self._buffers, data, strict=True):
+            for buffer, saved in zip(self._buffers[ptype], data, strict=True):
                 rows_of = saved[picked]
                 buffer[index] = rows_of.to(self._device)
                 self.loaded_bytes += rows_of.numel() * rows_of.element_size()
@@ -104,6 +102,23 @@ class SglangHostCopies(HostCopies):
 
     def __reduce__(self) -> tuple[type[DetachedCopies], tuple[()]]:
         return DetachedCopies, ()
+
+
+def kv_buffers(
+    kvcache: Any, kv_type: PageType, window_type: PageType | None
+) -> dict[PageType, list[torch.Tensor]]:
+    """The K and V buffers of each KV page type: the full-attention pool's (a hybrid model's
+    `full_kv_pool`), and with `window_type` the sliding-window pool's (`swa_kv_pool`)."""
+    pools = {kv_type: getattr(kvcache, "full_kv_pool", kvcache)}
+    if window_type is not None:
+        pools[window_type] = kvcache.swa_kv_pool
+    for pool in pools.values():
+        if not hasattr(pool, "k_buffer") or not hasattr(pool, "v_buffer"):
+            raise NotImplementedError(
+                f"--jenga-host-gb: the KV pool {type(pool).__name__} has no per-layer K and V "
+                "buffers to copy (MLA and other layouts are not served by the host tier)"
+            )
+    return {t: [*pool.k_buffer, *pool.v_buffer] for t, pool in pools.items()}
 
 
 def _nbytes(data: Any) -> int:

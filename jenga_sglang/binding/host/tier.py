@@ -21,16 +21,16 @@ places the backend's request path meets it.
 
 With `--enable-int8-mamba-checkpoint` the tree's states are slots of SGLang's int8 checkpoint
 pool: they go to host and come back quantized (binding/host/copies.py), into checkpoint slots.
-
-Refused at start-up, with the flag named: sliding-window models (the window pool's slots), which
-this version does not copy.
+A sliding-window model's window pages go with their node and come back into fresh SWA slots,
+which the match reports as SGLang's `swa_host_hit_length` (its SWA budget reserves them) and
+the load points the fresh full slots at (slots/tree.py `loaded`).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from jenga_sglang.binding.host.copies import SglangHostCopies
+from jenga_sglang.binding.host.copies import SglangHostCopies, kv_buffers
 from jenga_sglang.binding.host.memory import HostSlotMemory
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
@@ -53,10 +53,12 @@ class HostHit(NamedTuple):
 
 
 class Offer(NamedTuple):
-    """A host hit as SGLang's match reports it (`host_hit_length`, `mamba_host_hit_length`)."""
+    """A host hit as SGLang's match reports it (`host_hit_length`, `mamba_host_hit_length`,
+    `swa_host_hit_length`)."""
 
     tokens: int  # past the device hit
     state: bool  # the state the hit resumes from is on host
+    window: int = 0  # SWA slots the load takes: the window pages of the walk's host nodes
 
 
 def attach_live_tier(
@@ -65,16 +67,10 @@ def attach_live_tier(
     """The host tier `options` ask for under `cache` (None with `--jenga-host-gb 0`)."""
     if options.host_gb <= 0:
         return None
-    if slots.window is not None:
-        raise NotImplementedError(
-            f"--jenga-host-gb: {spec.name} has a sliding-window pool, whose slots the host "
-            "tier does not copy yet; serve it without --jenga-host-gb"
-        )
     sizes = {t: slots.memory.page_bytes(t) for t in slots.memory.page_types}
     memory = HostSlotMemory(int(options.host_gb * GB), sizes)
-    copies = SglangHostCopies(
-        slots.allocator.get_kvcache(), slots.req_to_token_pool, memory, slots.checkpoints
-    )
+    buffers = kv_buffers(slots.allocator.get_kvcache(), slots.kv_type, slots.window_type)
+    copies = SglangHostCopies(buffers, slots.req_to_token_pool, memory, slots.checkpoints)
     policy = FlopAwareTier(
         cache.tree.policy, options.host_bw * GB, options.prefill_tflops * 1e12, tier_layers(spec)
     )
@@ -89,8 +85,11 @@ def offered(cache: PrefixCache, host: HostTier, tokens: TokenSeq, found: MatchRe
     if offer_ is None:
         return Offer(0, False)
     device, hit, _ = offer_
-    state = any(n.end == hit and n.host_state is not None for n in found.walk.path)
-    return Offer(hit - device, hit > device and state)
+    path = found.walk.path
+    state = any(n.end == hit and n.host_state is not None for n in path)
+    windows = [s for s, g in enumerate(cache.tree.attention) if g.window is not None]
+    window = sum(len(n.kv[s]) for n in path if n.host for s in windows) if hit > device else 0
+    return Offer(hit - device, hit > device and state, window)
 
 
 def load_hit(

@@ -134,9 +134,11 @@ class SglangSlots:
 
     def allocate(self, ptype: PageType, count: int) -> Ids | None:
         """`count` slots of `ptype` from SGLang's allocator (a host hit's load-back); None when
-        it has not that many free. KV, live Mamba slots and int8 checkpoint slots: the host
-        tier is refused with sliding windows (binding/host/tier.py)."""
-        if ptype == self.kv_type and self.window is None:
+        it has not that many free: KV (full or sliding-window), live Mamba slots, or int8
+        checkpoint slots."""
+        if self.window is not None and ptype in self.kv_types:
+            got = self.window.alloc(ptype == self.kv_type, count)
+        elif ptype == self.kv_type:
             got = self.allocator.alloc(count)
         elif ptype == self.state_type and self.checkpoints is not None:
             got = self.checkpoints.alloc(count)

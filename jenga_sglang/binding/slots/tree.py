@@ -121,21 +121,40 @@ class SlotTree:
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
 
+    def loaded(self, tokens: TokenSeq, path: Sequence[Node], namespace: str | None) -> None:
+        """A host load moved nodes of `path` (a match's walk, in `namespace`) to fresh device
+        slots: with a window group their full slots are pointed at the window pages loaded
+        with them (slots/windows.py's invariant; positions already consistent are rewritten
+        with what they hold), and with events on the router hears of them again."""
+        if self.window_slot is not None and path:
+            self._publish(path[-1], 0)
+        if self.events is not None:
+            self.report_loaded(tokens, path, namespace)
+
     def report_loaded(self, tokens: TokenSeq, path: Sequence[Node], namespace: str | None) -> None:
-        """A host load moved checkpoints of `path` (a match's, in `namespace`) back to device
-        slots: their spans to the event recorder again, named by their state slots as
-        `_report` names them (the recorder skips those it holds); the demotion had removed
-        them with the device slots. Attention-only models' loaded pages are not published
-        again yet: a router then predicts less than the hit, never more."""
+        """A host load moved nodes or checkpoints of `path` (a match's walk, in `namespace`)
+        back to device slots: their spans to the event recorder again, named as `_report`
+        names them (the recorder skips those it holds): checkpoints by state slot; without a
+        Mamba group, with a window group node ends whose window the tree holds, else every
+        page. The demotion had removed them with the device slots."""
         assert self.events is not None
-        if self.slots.state_type is None:
-            return
+        page = self.cache.tree.page
         spans: list[tuple[int, int]] = []
         for n in path:
-            spans += [(at, int(page_ids(state)[0])) for at, state in n.inner]
-            if n.state is not None:
-                spans.append((n.end, int(page_ids(n.state)[0])))
+            if self.slots.state_type is not None:
+                spans += [(at, int(page_ids(state)[0])) for at, state in n.inner]
+                if n.state is not None:
+                    spans.append((n.end, int(page_ids(n.state)[0])))
+                continue
+            full = page_ids(n.kv[self.kv_slot])
+            if self.window_slot is not None:
+                spans.append((n.end, int(full[-page])))
+            else:
+                spans += [(n.start + i + page, int(full[i])) for i in range(0, len(full), page)]
         spans = [(end, slot) for end, slot in spans if end <= len(tokens)]
+        if spans and self.window_slot is not None:
+            windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
+            spans = [(end, slot) for end, slot in spans if _window_holds(windows, [*path], end)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
 

@@ -96,6 +96,15 @@ class WindowSlots:
         else:
             self.allocator.swa_attn_allocator.free(window)
 
+    def alloc(self, full: bool, count: int) -> torch.Tensor | None:
+        """`count` fresh full slots (`full`) or SWA slots (a host load-back's), None when the
+        pool has not that many free. A fresh full slot names no SWA slot (its free cleared
+        the mapping) until the load publishes the tree's window pages for it."""
+        allocator = self.allocator
+        pool = allocator.full_attn_allocator if full else allocator.swa_attn_allocator
+        got: torch.Tensor | None = pool.alloc(count)
+        return got
+
     def full_room(self) -> int:
         """Full slots SGLang can hand out now, frees held back in an open group included."""
         full = self.allocator.full_attn_allocator

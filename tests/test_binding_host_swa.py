@@ -1,0 +1,89 @@
+"""The live host tier (`--jenga-host-gb`) on a hybrid-SWA model (gpt-oss's layout), through
+SGLang's calls on its real CPU pools (tests/swa_session.py): a session pushed out of the device
+by other requests moves to host memory, full KV and window KV, and its next turn is admitted
+with both loaded back into fresh slots.
+
+What a window layer reads goes through SGLang's full-to-window slot mapping, so a load-back
+must also point the fresh full slots at the fresh window slots loaded with them.
+`SwaSession.check_window` reads every position a window layer of the request reads, through that
+mapping, and compares with the value the emulated forward wrote for exactly that prefix;
+`check_pools` checks every slot of both pools has one owner and the tree's mapping invariant.
+"""
+
+from __future__ import annotations
+
+import pytest
+from swa_session import SwaSession
+
+from jenga_sglang.radix.tokens import TokenSeq
+
+pytestmark = pytest.mark.sglang
+
+
+def toks(base: int, n: int) -> list[int]:
+    return [base + (7 * i) % 97 for i in range(n)]
+
+
+@pytest.mark.parametrize(("page", "jenga"), [(1, False), (4, False), (1, True), (4, True)])
+def test_a_demoted_session_comes_back_with_its_window(page: int, jenga: bool) -> None:
+    s = SwaSession(
+        page=page, full=192, swa=96, chunk=32, jenga_bytes=8 * 2 * 160 if jenga else None,
+        host_gb=1.0,
+    )  # fmt: skip
+    host = s.cache.host
+    assert host is not None
+    prompt, reply = toks(100, 60), toks(300, 4)
+    s.serve(prompt, reply)
+    for k in range(4):  # other sessions: the device cannot hold them and the first
+        s.serve(toks(1000 * (k + 1), 60), toks(2000 + k, 4))
+    assert host.demoted_nodes > 0
+    history = [*prompt, *reply[:-1]]
+    walk = s.cache.cache.tree.walk(TokenSeq.of(history))
+    assert any(n.host for n in walk.path)  # the first session's path reaches host memory
+    turn2 = [*history, *toks(500, 10)]
+    before = s.cache.host_hit_tokens
+    req = s.admit(turn2, 3)  # check_window: full and window KV of the hit, as written
+    hit = int(req.prefix_len)
+    assert hit >= len(history) - len(history) % page - page
+    assert s.cache.host_hit_tokens > before  # it came from host memory
+    assert req.swa_host_hit_length > 0  # and SGLang's SWA budget was told of its window
+    s.prefill(req, 7)
+    s.decode_and_finish(req, turn2, [7, 8, 9])
+    s.check_pools()
+    assert s.cache.snapshot().host_loaded_bytes > 0
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_a_routers_view_follows_the_window_to_host_and_back(page: int) -> None:
+    """With KV events on, a demotion removes the session's spans (its device slots go) and
+    the load-back publishes them again: after every step the router's blocks are exactly
+    the paths to device node ends whose window the tree holds (tests/test_kv_events.py)."""
+    from jenga_sglang.bench.drivers.kv_index import BlockIndex
+    from jenga_sglang.binding.slots.kv_events import attach
+    from tests.test_kv_events import _window_usable_paths
+
+    s = SwaSession(page=page, full=192, swa=96, chunk=32, host_gb=1.0)
+    assert attach(s.cache, True) is not None
+    router = BlockIndex(strict=True)
+
+    def synced() -> None:
+        router.apply(s.cache.take_events())
+        assert router.paths() == _window_usable_paths(s.cache)
+
+    prompt, reply = toks(100, 60), toks(300, 4)
+    s.serve(prompt, reply)
+    synced()
+    for k in range(4):
+        s.serve(toks(1000 * (k + 1), 60), toks(2000 + k, 4))
+        synced()
+    turn2 = [*prompt, *reply[:-1], *toks(500, 10)]
+    assert router.predicted_hit(turn2) == 0  # on host: not predicted
+    before = s.cache.host_hit_tokens
+    req = s.admit(turn2, 3)
+    assert s.cache.host_hit_tokens > before
+    synced()  # loaded: published again
+    assert router.predicted_hit(turn2) >= int(req.prefix_len)
+    s.prefill(req, 7)
+    s.decode_and_finish(req, turn2, [7, 8, 9])
+    synced()
+    s.check_pools()
