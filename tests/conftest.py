@@ -41,3 +41,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [sys.executable, str(script), "--out", str(out)]
     subprocess.run(command, check=True, env=env, timeout=300)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_window_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/make_tiny_model.py's gpt-oss: sliding-window and full attention layers, with
+    SGLang's separate window pool."""
+    out = tmp_path_factory.mktemp("tiny") / "tiny-gpt_oss"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+    command = [sys.executable, str(script), "--family", "gpt_oss", "--out", str(out)]
+    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    return out

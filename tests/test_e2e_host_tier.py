@@ -31,11 +31,22 @@ BUDGET = ["--max-total-tokens", "320", "--max-mamba-cache-size", "6"]
 OTHERS = [[30 + (13 * i + 5 * k) % 280 for i in range(200)] for k in range(1, 4)]
 
 
+#: the tiny gpt-oss: SGLang's Triton attention (sinks), a full pool of 384 slots and a
+#: smaller window pool, windows freed every decode step (bench/studies/window_events.py)
+WINDOW_BUDGET = ["--attention-backend", "triton", "--max-total-tokens", "384"]
+WINDOW_ENV = {"SGLANG_SWA_EVICTION_INTERVAL": "1"}
+
+
 def serve(
-    model: Path, flags: list[str], log: Path, strategy: str = "no_buffer"
+    model: Path,
+    flags: list[str],
+    log: Path,
+    strategy: str = "no_buffer",
+    budget: list[str] = BUDGET,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[Reply], dict[str, float]]:
     with LocalServer(
-        str(model), [*BUDGET, *flags], log=log, ready_timeout_s=420, strategy=strategy
+        str(model), [*budget, *flags], log=log, ready_timeout_s=600, strategy=strategy, env=env
     ) as server:
         first = generate(server.url, PROMPT, None)
         others = [generate(server.url, ids, None) for ids in OTHERS]
@@ -69,3 +80,19 @@ def test_host_tier_serves_an_evicted_session_as_stock_would(
     assert jenga[4].cached >= least > stock[4].cached  # the first session, back from host
     assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0
     assert tier["host_stored_bytes_total"] >= tier["host_loaded_bytes_total"]
+
+
+@pytest.mark.full
+def test_host_tier_serves_a_window_models_evicted_session_as_stock_would(
+    tiny_window_model: Path, tmp_path: Path
+) -> None:
+    """The same on the tiny gpt-oss: full and window KV go to host and come back, and the
+    window layers read the loaded window KV through SGLang's full-to-window mapping (a wrong
+    one would change the outputs)."""
+    run = {"budget": WINDOW_BUDGET, "env": WINDOW_ENV}
+    stock, _ = serve(tiny_window_model, [], tmp_path / "stock.log", **run)
+    jenga, tier = serve(tiny_window_model, [*VARIANTS["jenga-host"]], tmp_path / "jenga.log", **run)
+    print(json.dumps({"stock": stock, "jenga": jenga, "tier": tier}))  # the RESULTS numbers
+    assert [r.output for r in jenga] == [r.output for r in stock]
+    assert jenga[4].cached >= 200 > stock[4].cached  # the first session, back from host
+    assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0

@@ -17,9 +17,6 @@ their process group). The full comparisons with stock SGLang are `jenga-bench sc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,17 +63,6 @@ def test_router_predicts_the_jenga_workers_hits(tiny_model: Path, tmp_path: Path
     router = _routed_agent_load(tiny_model, tmp_path)
     said, got = router["predicted_tokens"], router["reported_cached_tokens"]
     assert abs(said - got) <= 0.1 * got, router
-
-
-@pytest.fixture(scope="module")
-def tiny_window_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/make_tiny_model.py's gpt-oss: sliding-window and full attention layers, with
-    SGLang's separate window pool."""
-    out = tmp_path_factory.mktemp("tiny") / "tiny-gpt_oss"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
-    command = [sys.executable, str(script), "--family", "gpt_oss", "--out", str(out)]
-    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
-    return out
 
 
 def test_a_window_models_events_predict_its_hits(tiny_window_model: Path, tmp_path: Path) -> None:
