@@ -11,7 +11,8 @@ from host. The greedy outputs must equal stock's (a loaded state or KV that diff
 demoted one would change them), and SGLang's strict idle leak check runs after every request.
 The tier's rates are this CPU's (bench/studies/sessions_cpu.py `jenga-host`). About 2-3 minutes
 on 2 cores, most of it the two starts. The `--page-size 16` variant (extra_buffer: SGLang's only
-strategy for a Mamba model at pages > 1) runs with `make test-full`.
+strategy for a Mamba model at pages > 1), the `--enable-int8-mamba-checkpoint` one and the tiny
+gpt-oss (full and window KV) run with `make test-full`.
 """
 
 from __future__ import annotations
@@ -57,19 +58,24 @@ def serve(
 
 
 @pytest.mark.parametrize(
-    ("page", "strategy", "least"),
+    ("layout", "strategy", "least"),
     [
-        pytest.param(1, "no_buffer", 200, id="page1"),
+        pytest.param([], "no_buffer", 200, id="page1"),
         # SGLang serves a Mamba model at --page-size > 1 only with extra_buffer; a load-back
         # then takes whole pages (binding/pools/allocator.py `alloc`), and the hit ends at
         # the last state it tracked: 192, a whole page and a multiple of its 64-token grid
-        pytest.param(16, "extra_buffer", 192, id="page16", marks=pytest.mark.full),
+        pytest.param(
+            ["--page-size", "16"], "extra_buffer", 192, id="page16", marks=pytest.mark.full
+        ),
+        # the tree's states in SGLang's int8 checkpoint pool go to host quantized
+        pytest.param(
+            ["--enable-int8-mamba-checkpoint"], "no_buffer", 200, id="int8", marks=pytest.mark.full
+        ),
     ],
 )
 def test_host_tier_serves_an_evicted_session_as_stock_would(
-    tiny_model: Path, tmp_path: Path, page: int, strategy: str, least: int
+    tiny_model: Path, tmp_path: Path, layout: list[str], strategy: str, least: int
 ) -> None:
-    layout = ["--page-size", str(page)]
     stock, _ = serve(tiny_model, layout, tmp_path / "stock.log", strategy)
     jenga, tier = serve(
         tiny_model, [*layout, *VARIANTS["jenga-host"]], tmp_path / "jenga.log", strategy

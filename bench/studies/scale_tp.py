@@ -2,7 +2,7 @@
 `--enable-jenga`, with SGLang's rank-consensus checker on (docs/sglang.md, "Tensor and data
 parallelism"; bench/RESULTS.md, "Scale-out").
 
-    jenga-bench scale-tp [--variants stock,jenga] [--out out/scale-tp]
+    jenga-bench scale-tp [--variants stock,jenga[,jenga-host]] [--out out/scale-tp]
 
 Each server runs two TP ranks (``SGLANG_CPU_OMP_THREADS_BIND=0|1``, one core each; pynccl off
 by the CPU test shim, jenga_sglang/cpu_tensor_parallel.py) with
@@ -48,11 +48,17 @@ COMMON = ("--max-mamba-cache-size", "32", "--max-running-requests", "6")
 #: tokens at TP 2, which the faults phase outgrows (admission on a low decode estimate), so
 #: SGLang retracts; stock keeps the CPU default of 4,096 KV tokens (128 would refuse its
 #: prompts), so it serves the same load without pressure.
+_JENGA = (
+    *COMMON, "--enable-jenga", "--max-total-tokens", "128", "--schedule-conservativeness", "0.05",
+)  # fmt: skip
 VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
     "stock": COMMON,
-    "jenga": (
-        *COMMON, "--enable-jenga", "--max-total-tokens", "128",
-        "--schedule-conservativeness", "0.05",
+    "jenga": _JENGA,
+    # not in the default set: the same with the host tier at this CPU's rates (as the sessions
+    # study's jenga-host), each rank demoting and loading its shard in lockstep
+    "jenga-host": (
+        *_JENGA, "--jenga-host-gb", "1", "--jenga-host-bw", "5",
+        "--jenga-prefill-tflops", "0.00001",
     ),
 }  # fmt: skip
 SESSIONS, TURNS, REPLY = 3, 3, 6
@@ -159,9 +165,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="jenga-bench scale-tp", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="data/tiny-model")
-    p.add_argument("--variants", default="stock,jenga")
+    p.add_argument(
+        "--variants", default="stock,jenga", help=f"comma-separated, of {', '.join(VARIANT_FLAGS)}"
+    )
     p.add_argument("--out", default="out/scale-tp")
     args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANT_FLAGS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {', '.join(VARIANT_FLAGS)}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on the way out
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,9 @@ the facts that could still differ per rank are agreed before anything depends on
 With ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER=1`` SGLang compares, in a background thread over a
 gloo group of its own, every decision its own caches mark with `rank_consensus`. The factory
 then builds `ConsensusJengaRadixCache`: the same cache with SGLang's marks on the calls that
-change or read the tree (`match_prefix`, `insert`, `evict`, `checkpoint`, `on_release`), each
-also comparing what the tree holds afterwards, and on the in-pass capture plan of each batch.
+change or read the tree (`match_prefix`, `insert`, `evict`, `checkpoint`, `on_release`, and a
+host hit's `init_load_back`), each also comparing what the tree holds afterwards (the host
+tier's bytes included), and on the in-pass capture plan of each batch.
 A rank that diverges stops the server (SGLang's checker exits the scheduler process).
 """
 
@@ -120,14 +121,16 @@ class ConsensusJengaRadixCache(JengaRadixCache):
         packed = array("q", key.token_ids).tobytes()  # the key as SGLang holds it, packed
         return hashlib.blake2b(packed, digest_size=8).hexdigest()
 
-    def _held(self) -> tuple[int, int, int, int]:
-        """What the tree holds: evictable and protected KV tokens, evictable and used states."""
+    def _held(self) -> tuple[int, int, int, int, int]:
+        """What the tree holds: evictable and protected KV tokens, evictable and used states,
+        and the host tier's bytes (`--jenga-host-gb`; 0 without it)."""
         slots = self.slots
         return (
             slots.evictable_tokens(),
             slots.protected_tokens(),
             slots.states("evictable") if self.state_type is not None else 0,
             slots.states("used") if self.state_type is not None else 0,
+            0 if self.host is None else self.host.memory.held_bytes(),
         )
 
     def _agree_held(self, call: str) -> None:
@@ -143,6 +146,9 @@ class ConsensusJengaRadixCache(JengaRadixCache):
             "result.device_prefix_len",
             "result.mamba_branching_seqlen",
             "result.full_kv_hit_length",
+            "result.host_hit_length",
+            "result.mamba_host_hit_length",
+            "result.swa_host_hit_length",
         ],
     )
     def match_prefix(self, params: Any) -> Any:
@@ -160,6 +166,15 @@ class ConsensusJengaRadixCache(JengaRadixCache):
     def insert(self, params: Any) -> Any:
         result = super().insert(params)
         self._agree_held("insert")
+        return result
+
+    @_mark(
+        same_params=["None if params.req is None else params.req.rid", "params.host_hit_length"],
+        same_results=["None if result is None else result[0]"],
+    )
+    def init_load_back(self, params: Any) -> Any:
+        result = super().init_load_back(params)
+        self._agree_held("init_load_back")
         return result
 
     @_mark(same_params=True, same_results=True)
