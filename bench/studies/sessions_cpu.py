@@ -19,7 +19,8 @@ the next turn finds. The Jenga pool's byte budget is SGLang's static split of th
 of those bytes are states, so over the pool KV can hold more tokens than `--max-total-tokens`.
 
 Reported per server: requests and errors, prompt and cached tokens (the usage reports), mean
-TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's.
+TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's; each
+server's replies by (session, turn) go to `replies-<variant>.json` beside `summary.json`.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def run_study(
     for name, (brief, replies) in served.items():
         brief[f"same_replies_as_{variants[0]}"] = same_replies(first, replies)
         runs[name] = brief
+        kept = [[session, turn, text] for (session, turn), text in sorted(replies.items())]
+        (out / f"replies-{name}.json").write_text(json.dumps(kept) + "\n")  # to trace a diff
     return {
         "model": model,
         "trace": str(trace),
