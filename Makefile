@@ -23,7 +23,8 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # The long live variants `make test` skips (tests marked `full`: another Mamba2 family, the
-# load test's no_buffer strategy); about 6 minutes on 2 cores.
+# load test's no_buffer strategy, the host tier at page 16, with int8 checkpoints and on the
+# tiny gpt-oss); about 12 minutes on 2 cores.
 test-full: install tiny-model
 	$(PY) -m pytest -q -p no:cacheprovider --full -m full
 

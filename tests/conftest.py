@@ -5,7 +5,8 @@ it, so the CPU interpreter is switched on here, before collection. The rest of t
 set-up lives in tests/triton_cpu.py.
 
 Tests marked `full` are long live variants beside a CI-sized one (another family of a cache
-kind, the other Mamba strategy of a load test): `make test` skips them, saying so, and
+kind, the other Mamba strategy of a load test, another page size or checkpoint format of a
+live host-tier test): `make test` skips them, saying so, and
 `make test-full` (`pytest --full -m full`) runs them.
 """
 
