@@ -91,3 +91,6 @@ def test_sessions_study_reports_each_servers_replies_against_the_first(
     )
     assert summary["jenga-host"] == {"cached_tokens": 1, "same_replies_as_jenga-host": "2/2"}
     assert summary["jenga"] == {"cached_tokens": 2, "same_replies_as_jenga-host": "0/1"}
+    kept = json.loads((tmp_path / "replies-jenga-host.json").read_text())
+    assert kept == [[0, 0, "x"], [0, 1, "y"]]  # by (session, turn), to trace a difference
+    assert json.loads((tmp_path / "replies-jenga.json").read_text()) == [[0, 0, "z"]]
