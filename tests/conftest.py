@@ -33,23 +33,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _tiny(tmp_path_factory: pytest.TempPathFactory, name: str, *family: str) -> Path:
+    """scripts/make_tiny_model.py's model (`family`: `--family F`, default NemotronH)."""
+    out = tmp_path_factory.mktemp("tiny") / name
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+    command = [sys.executable, str(script), *family, "--out", str(out)]
+    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's NemotronH, built once per test session (about 15 s)."""
-    out = tmp_path_factory.mktemp("tiny") / "tiny-model"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    command = [sys.executable, str(script), "--out", str(out)]
-    subprocess.run(command, check=True, env=env, timeout=300)
-    return out
+    return _tiny(tmp_path_factory, "tiny-model")
 
 
 @pytest.fixture(scope="session")
 def tiny_window_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's gpt-oss: sliding-window and full attention layers, with
     SGLang's separate window pool."""
-    out = tmp_path_factory.mktemp("tiny") / "tiny-gpt_oss"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
-    command = [sys.executable, str(script), "--family", "gpt_oss", "--out", str(out)]
-    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
-    return out
+    return _tiny(tmp_path_factory, "tiny-gpt_oss", "--family", "gpt_oss")

@@ -33,6 +33,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from tests.admission import lock_and_load_back
 from tests.test_binding_backend import _params
 
 CHUNK = 64  # default prefill chunk of a session
@@ -238,23 +239,7 @@ class Session:
             **fields,
         )
         req.init_next_round_input(self.cache)  # match_prefix(cow_mamba=True, req=req)
-        pin = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req, while it decides
-        try:
-            if req.needs_host_load_back():  # admitted with a host hit: SGLang's load-back
-                loaded = self.cache.init_load_back(
-                    sg.InitLoadBackParams(
-                        best_match_node=req.best_match_node,
-                        host_hit_length=req.host_hit_length,
-                        req=req,
-                    )
-                )
-                assert loaded is not None
-                req.host_loaded_length, req.last_node = loaded
-                req.prefix_len += req.host_loaded_length
-                req.kv.cache_protected_len = req.prefix_len  # load_back_is_cache_owned()
-            req.lock = self.cache.lock(req.last_node)  # its commit
-        finally:
-            self.cache.unlock(pin)
+        lock_and_load_back(self.cache, req)
         sg.alloc_req_slots(self.pool, [req], self.cache)
         return req
 

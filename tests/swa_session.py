@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from tests.admission import lock_and_load_back
+
 WINDOW = 8  # the window layers' attention window (SGLang's sliding_window_size + 1)
 
 
@@ -189,13 +191,7 @@ class SwaSession:
             sampling_params=self.SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
         )
         req.init_next_round_input(self.cache)
-        pin = self.cache.lock(req.last_node)  # PrefillAdder.add_one_req, while it decides
-        try:
-            if req.needs_host_load_back():  # admitted with a host hit: SGLang's load-back
-                self._load_back(req)
-            req.lock = self.cache.lock(req.last_node)
-        finally:
-            self.cache.unlock(pin)
+        lock_and_load_back(self.cache, req)
         self.allocation.alloc_req_slots(self.pool, [req], self.cache)
         hit = int(req.prefix_len)
         if hit:
@@ -204,19 +200,6 @@ class SwaSession:
         req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
         self.check_window(req, inp, hit)
         return req
-
-    def _load_back(self, req: Any) -> None:
-        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-
-        loaded = self.cache.init_load_back(
-            InitLoadBackParams(
-                best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req
-            )
-        )
-        assert loaded is not None
-        req.host_loaded_length, req.last_node = loaded
-        req.prefix_len += req.host_loaded_length
-        req.kv.cache_protected_len = req.prefix_len  # load_back_is_cache_owned()
 
     def prefill(self, req: Any, first_output: int) -> None:
         toks = list(req.origin_input_ids)

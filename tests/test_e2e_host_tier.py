@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies import window_events
 from jenga_sglang.bench.studies.sessions_cpu import VARIANTS, host_metrics
 from tests.test_e2e_namespaces import MESSAGE, PROMPT, Reply, generate
 
@@ -33,9 +34,8 @@ OTHERS = [[30 + (13 * i + 5 * k) % 280 for i in range(200)] for k in range(1, 4)
 
 
 #: the tiny gpt-oss: SGLang's Triton attention (sinks), a full pool of 384 slots and a
-#: smaller window pool, windows freed every decode step (bench/studies/window_events.py)
+#: smaller window pool, windows freed every decode step (as window_events.SERVER_ENV)
 WINDOW_BUDGET = ["--attention-backend", "triton", "--max-total-tokens", "384"]
-WINDOW_ENV = {"SGLANG_SWA_EVICTION_INTERVAL": "1"}
 
 
 def serve(
@@ -95,7 +95,7 @@ def test_host_tier_serves_a_window_models_evicted_session_as_stock_would(
     """The same on the tiny gpt-oss: full and window KV go to host and come back, and the
     window layers read the loaded window KV through SGLang's full-to-window mapping (a wrong
     one would change the outputs)."""
-    run = {"budget": WINDOW_BUDGET, "env": WINDOW_ENV}
+    run = {"budget": WINDOW_BUDGET, "env": window_events.SERVER_ENV}
     stock, _ = serve(tiny_window_model, [], tmp_path / "stock.log", **run)
     jenga, tier = serve(tiny_window_model, [*VARIANTS["jenga-host"]], tmp_path / "jenga.log", **run)
     print(json.dumps({"stock": stock, "jenga": jenga, "tier": tier}))  # the RESULTS numbers

@@ -103,21 +103,13 @@ class SlotTree:
         With a window group only ends whose window the tree holds (slots/kv_events.py)."""
         assert self.events is not None
         page = self.cache.tree.page
-        path = node.path_from_root() if self.window_slot is not None else []
         if self.slots.state_type is not None:
             spans = sorted(taken.items())
         elif self.window_slot is not None:
-            spans = [
-                (n.end, int(page_ids(n.kv[self.kv_slot])[-page]))
-                for n in path
-                if max(present, 1) <= n.end <= len(tokens)
-            ]
+            spans = self._window_ends(node.path_from_root(), max(present, 1), len(tokens))
         else:
             ends = range(present - present % page + page, len(tokens) + 1, page)
             spans = [(end, int(value[end - page])) for end in ends]
-        if spans and self.window_slot is not None:
-            windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
-            spans = [(end, slot) for end, slot in spans if _window_holds(windows, path, end)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
 
@@ -140,23 +132,32 @@ class SlotTree:
         assert self.events is not None
         page = self.cache.tree.page
         spans: list[tuple[int, int]] = []
-        for n in path:
-            if self.slots.state_type is not None:
+        if self.slots.state_type is not None:
+            for n in path:
                 spans += [(at, int(page_ids(state)[0])) for at, state in n.inner]
                 if n.state is not None:
                     spans.append((n.end, int(page_ids(n.state)[0])))
-                continue
-            full = page_ids(n.kv[self.kv_slot])
-            if self.window_slot is not None:
-                spans.append((n.end, int(full[-page])))
-            else:
+        elif self.window_slot is not None:
+            spans = self._window_ends([*path], 1, len(tokens))
+        else:
+            for n in path:
+                full = page_ids(n.kv[self.kv_slot])
                 spans += [(n.start + i + page, int(full[i])) for i in range(0, len(full), page)]
         spans = [(end, slot) for end, slot in spans if end <= len(tokens)]
-        if spans and self.window_slot is not None:
-            windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
-            spans = [(end, slot) for end, slot in spans if _window_holds(windows, [*path], end)]
         if spans:
             self.events.adopted(tokens.tolist(), spans, namespace)
+
+    def _window_ends(self, path: list[Node], first: int, last: int) -> list[tuple[int, int]]:
+        """A window model's spans: the ends in [first, last] of `path`'s nodes whose window
+        the tree holds (a hit there keeps every window group's rule), each named by the first
+        full slot of its last page."""
+        page = self.cache.tree.page
+        windows = [r for r in self.cache.tree.rules if isinstance(r, SlidingWindowRule)]
+        return [
+            (n.end, int(page_ids(n.kv[self.kv_slot])[-page]))
+            for n in path
+            if first <= n.end <= last and _window_holds(windows, path, n.end)
+        ]
 
     def _own_pages(self, row: torch.Tensor) -> list[Pages]:
         """The request's slots for its own positions, one run per attention group (the tree's
