@@ -241,6 +241,9 @@ class Session:
         req.init_next_round_input(self.cache)  # match_prefix(cow_mamba=True, req=req)
         lock_and_load_back(self.cache, req)
         sg.alloc_req_slots(self.pool, [req], self.cache)
+        if req.prefix_len:  # alloc_for_extend: the prefix off the tree into the row
+            prefix = self.cache.prefix_device_indices(req)
+            self.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
         return req
 
     def prefill(

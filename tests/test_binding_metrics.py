@@ -7,6 +7,7 @@ values are read back from prometheus_client's registry, where SGLang's exporter 
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ def _metered(sg: Any) -> Session:
     return s
 
 
-def test_series_move_with_hits_checkpoints_and_evictions(sg: Any) -> None:
+def test_series_move_with_admitted_hits_checkpoints_and_evictions(sg: Any) -> None:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     s = _metered(sg)
@@ -57,7 +58,19 @@ def test_series_move_with_hits_checkpoints_and_evictions(sg: Any) -> None:
     assert _value("jenga:ssm_checkpoints_admitted_total", labels) == adm0 + 1
     pool = {**labels, "page_type": state, "use": "evictable"}
     assert _value("jenga:pool_bytes", pool) == state_bytes
-    hit, _ = s.serve([*a, 1, 2, 3], [4])
+    # SGLang matches a waiting request again every scheduling round; only its admission
+    # (the prefix read into its row) reuses the tree, so only that counts as hit tokens
+    waiting = sg.Req(
+        rid="waiting",
+        origin_input_text="",
+        origin_input_ids=array("q", [*a, 1, 2, 3]),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=1),
+    )
+    for _ in range(5):  # five rounds in the queue
+        waiting.init_next_round_input(s.cache)
+    assert int(waiting.prefix_len) == 81
+    assert _value("jenga:hit_tokens_total", labels) == hit0
+    hit, _ = s.serve([*a, 1, 2, 3], [4])  # admitted once
     assert hit == 81
     assert _value("jenga:hit_tokens_total", labels) == hit0 + 81
     s.cache.evict(EvictParams(num_tokens=10_000, mamba_num=10))

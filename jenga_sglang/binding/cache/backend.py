@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
     InitLoadBackParams,
@@ -216,6 +217,14 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         return self._match(params, load=False)
 
+    def prefix_device_indices(self, req: Any) -> torch.Tensor:
+        """SGLang reads an admitted request's prefix off the tree here, once per admission,
+        as it writes the request's row, so the hit is counted here: a waiting request is
+        matched again every scheduling round, and counting matches counted it each time."""
+        self.hit_tokens += int(req.prefix_len)
+        self.sync_metrics()
+        return super().prefix_device_indices(req)  # type: ignore[no-any-return]
+
     def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
         """SGLang admitted a request whose match offered a host hit (`host_hit_length`,
         binding/host/tier.py): load it, matching again, and say how many tokens that added
@@ -269,7 +278,6 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             self.unseeded += 1  # prefilled from scratch; its plan's positions still hold
             self.sync_metrics()
             return self._empty()
-        self.hit_tokens += loaded if load else found.length
         # SGLang locks the node it gets back: one ending where the hit does (window pages of
         # the path before its last window may then be trimmed while it runs, radix/evict.py).
         anchor = self.cache.anchor(found)

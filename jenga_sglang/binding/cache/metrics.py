@@ -6,7 +6,8 @@ rank (`radix_cache_metric_labels`: cache_type, tp/pp/dp rank). We register our f
 process in the same registry, with the labels of the cache's own `RadixCacheMetricsCollector`,
 so `/metrics` lists them beside SGLang's `sglang:` cache series:
 
-    jenga:hit_tokens_total              tokens reused from the tree (counter)
+    jenga:hit_tokens_total              prefix tokens admitted requests reused from the tree
+                                        (counter; once per admission, not per match)
     jenga:ssm_checkpoints_admitted_total  Mamba states the tree adopted (counter)
     jenga:ssm_checkpoints_evicted_total   Mamba states evicted (counter)
     jenga:eviction_alpha                current FLOP weight of the eviction order (gauge)
@@ -79,7 +80,9 @@ def _families() -> dict[str, Any]:
     # Label names must be known at registration; SGLang's cache labels are fixed per release.
     names = ["cache_type", "tp_rank", "pp_rank", "dp_rank"]
     _FAMILIES.update(
-        hit=Counter("jenga:hit_tokens", "Tokens reused from the jenga tree", names),
+        hit=Counter(
+            "jenga:hit_tokens", "Prefix tokens admitted requests reused from the jenga tree", names
+        ),
         admitted=Counter(
             "jenga:ssm_checkpoints_admitted", "Mamba states adopted by the jenga tree", names
         ),
