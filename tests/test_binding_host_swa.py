@@ -87,3 +87,29 @@ def test_a_routers_view_follows_the_window_to_host_and_back(page: int) -> None:
     s.decode_and_finish(req, turn2, [7, 8, 9])
     synced()
     s.check_pools()
+
+
+@pytest.mark.parametrize("jenga", [False, True])
+def test_flush_cache_empties_both_pools_and_serving_goes_on(jenga: bool) -> None:
+    """SGLang's `flush_cache`: the cache's reset, then its pools cleared; every slot of both
+    pools is free, no full slot names a window slot, and the next turn is cold."""
+    s = SwaSession(
+        page=1, full=192, swa=96, chunk=32, jenga_bytes=8 * 2 * 160 if jenga else None,
+        host_gb=1.0,
+    )  # fmt: skip
+    host = s.cache.host
+    assert host is not None
+    prompt, reply = toks(100, 60), toks(300, 4)
+    s.serve(prompt, reply)
+    for k in range(4):
+        s.serve(toks(1000 * (k + 1), 60), toks(2000 + k, 4))
+    assert host.host_nodes()
+    s.cache.reset()
+    s.pool.clear()
+    s.alloc.clear()
+    assert next(s.cache.cache.nodes(), None) is None and not host.host_nodes()
+    s.check_pools()
+    assert int((s.alloc.full_to_swa_index_mapping[:-1] != 0).sum()) == 0
+    turn2 = [*prompt, *reply[:-1], *toks(500, 10)]
+    assert s.serve(turn2, [7, 8, 9]) == 0
+    assert s.serve(turn2, [7, 8, 9]) > 0

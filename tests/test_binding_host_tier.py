@@ -357,3 +357,34 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     s.prefill(req, 7)
     s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
     synced()
+
+
+def flush(s: Session) -> None:
+    """SGLang's `flush_cache` on an idle scheduler: the cache's reset, then the pools cleared."""
+    s.cache.reset()
+    s.pool.clear()
+    s.alloc.clear()
+    s.pool.reset_aux_cache_allocator()
+
+
+def test_flush_cache_drops_device_and_host_and_serving_goes_on(sg: Any) -> None:
+    """`/flush_cache` raised in the scheduler and took the server down while the tree held
+    anything; it now empties the tree, device and host, and the next request is cold."""
+    s = tiered(sg)
+    host = s.cache.host
+    assert host is not None
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    assert host.host_nodes() or any(n.host_state is not None for n in s.cache.cache.nodes())
+    flush(s)
+    assert next(s.cache.cache.nodes(), None) is None and not host.host_nodes()
+    assert all(host.memory.usage(t).used + host.memory.usage(t).evictable == 0
+               for t in host.memory.page_types)  # fmt: skip
+    assert s.cache.evictable_size() == 0 and s.cache.protected_size() == 0
+    turn = first_in + first_out + tokens(5, 12)
+    hit, _ = s.serve(turn, [7, 8])
+    assert hit == 0  # nothing survived the flush
+    again, _ = s.serve([*turn, 7, 8, 9], [4])
+    assert again >= len(turn)  # and the tree caches again
+    s.cache.sanity_check()

@@ -18,6 +18,7 @@ gpt-oss (full and window KV) run with `make test-full`.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,13 @@ OTHERS = [[30 + (13 * i + 5 * k) % 280 for i in range(200)] for k in range(1, 4)
 WINDOW_BUDGET = ["--attention-backend", "triton", "--max-total-tokens", "384"]
 
 
+def flush_cache(url: str) -> None:
+    """POST /flush_cache (its reply is plain text)."""
+    request = urllib.request.Request(url + "/flush_cache", data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        reply.read()
+
+
 def serve(
     model: Path,
     flags: list[str],
@@ -54,7 +62,11 @@ def serve(
         again = generate(server.url, PROMPT + first.output + MESSAGE, None)
         other_again = generate(server.url, OTHERS[0] + others[0].output + MESSAGE[:8], None)
         tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
-    return [first, *others, again, other_again], tier
+        # /flush_cache (SGLang's weight updates run one too) on a tree holding device and
+        # host pages: the server lives on, and the first request is cold again
+        flush_cache(server.url)
+        flushed = generate(server.url, PROMPT, None)
+    return [first, *others, again, other_again, flushed], tier
 
 
 @pytest.mark.parametrize(
@@ -86,6 +98,7 @@ def test_host_tier_serves_an_evicted_session_as_stock_would(
     assert jenga[4].cached >= least > stock[4].cached  # the first session, back from host
     assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0
     assert tier["host_stored_bytes_total"] >= tier["host_loaded_bytes_total"]
+    assert jenga[6].cached == stock[6].cached == 0  # flushed: nothing left, device or host
 
 
 @pytest.mark.full
@@ -102,3 +115,4 @@ def test_host_tier_serves_a_window_models_evicted_session_as_stock_would(
     assert [r.output for r in jenga] == [r.output for r in stock]
     assert jenga[4].cached >= 200 > stock[4].cached  # the first session, back from host
     assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0
+    assert jenga[6].cached == stock[6].cached == 0  # flushed: nothing left, device or host

@@ -181,8 +181,30 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         return self.cache.root
 
     def reset(self) -> None:
-        if next(self.cache.nodes(), None) is not None:
-            raise RuntimeError("reset of a non-empty jenga cache: flush through evict() first")
+        """SGLang's `/flush_cache` (its weight updates run one too), on an idle scheduler
+        that then clears the pools: every cached page and state goes, on device and on host,
+        and open radix sessions lose their locks (a next turn matches an empty tree). Device
+        pages leave by eviction, so the slots' give-back frees them and KV events publish
+        their removal; the host tier is detached meanwhile so nothing is demoted. Each
+        eviction frees a victim, so the loop ends; a node it cannot free is a lock SGLang
+        still holds, which an idle scheduler cannot, and is raised."""
+        if self.sessions is not None:
+            self.sessions.release_all()
+        tree = self.cache.tree
+        host = tree.host
+        if host is not None:
+            for node in [tree.root, *tree.spaces.values(), *self.cache.nodes()]:
+                host.drop_below(node)
+            tree.host = None
+        try:
+            while next(self.cache.nodes(), None) is not None:
+                if not self.cache.evict(self.kv_type):
+                    raise RuntimeError("flush_cache: the jenga tree holds locked pages")
+        finally:
+            tree.host = host
+        self.owed_kv = 0
+        self.cache.check_integrity()
+        self.sync_metrics()
 
     # ------------------------------------------------------------------ radix sessions
 
@@ -377,3 +399,4 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
 
     def sanity_check(self) -> None:
         self.cache.check_integrity()
+

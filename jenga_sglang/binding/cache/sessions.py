@@ -65,6 +65,11 @@ class SessionLocks:
             self._unlock(lock)
         return len(held)
 
+    def release_all(self) -> int:
+        """Close every open session (a flushed cache): the number of locks released."""
+        open_ = {*self._generation, *self._held}
+        return sum(self.release(session_id) for session_id in open_)
+
     def keep(self, req: Any, node: Node) -> None:
         """A finished request inserted its path down to `node`: lock it for the request's
         session, if the request belongs to the open incarnation of one."""
