@@ -94,3 +94,25 @@ def test_sessions_study_reports_each_servers_replies_against_the_first(
     kept = json.loads((tmp_path / "replies-jenga-host.json").read_text())
     assert kept == [[0, 0, "x"], [0, 1, "y"]]  # by (session, turn), to trace a difference
     assert json.loads((tmp_path / "replies-jenga.json").read_text()) == [[0, 0, "z"]]
+
+
+def test_reply_trace_rebuilds_the_prompt_a_session_turn_sent(tmp_path: Path) -> None:
+    """The history of (session, turn): the trace's user texts in order, each earlier turn
+    followed by the first server's reply to it, and the turn's own reply length."""
+    from jenga_sglang.bench.studies.e2e_cpu import small_agent_trace
+    from jenga_sglang.bench.studies.reply_trace import rebuild_prompt
+    from jenga_sglang.bench.traces.turns import OnlineConfig, sessions_from_trace
+
+    trace = small_agent_trace(tmp_path / "traces", 2)
+    client = {"max_user_words": 40, "max_output_tokens": 8}
+    (tmp_path / "summary.json").write_text(json.dumps({"trace": str(trace), "client": client}))
+    config = OnlineConfig(url="http://127.0.0.1", **client)
+    session = sessions_from_trace(str(trace), config)[1]
+    sid = session[0].session_id
+    replies = [[sid, t, f"reply {t}"] for t in range(len(session))]
+    (tmp_path / "replies-stock.json").write_text(json.dumps(replies))
+    messages, reply_len = rebuild_prompt(tmp_path, sid, 2, "stock")
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2 + ["user"]
+    assert [m["content"] for m in messages[0::2]] == [t.user_text for t in session[:3]]
+    assert [m["content"] for m in messages[1::2]] == ["reply 0", "reply 1"]
+    assert reply_len == session[2].max_tokens
