@@ -14,12 +14,15 @@ to each, bounded in count and time:
    after 3 chunks, on the empty tree (so all six are admitted and decode outgrows the pool);
 2. multi-turn: ``SESSIONS`` sessions of ``TURNS`` greedy /generate turns, each turn's prompt
    the previous prompt, its reply and new ids (concurrent sessions);
-3. a last request after an idle pause (SGLang's leak check runs on idle loops).
+3. revisit: ``FILLERS`` unrelated long prompts push the sessions out of Jenga's pool (with
+   the host tier, to host memory), then each session's next turn (a host hit to load back);
+4. a last request after an idle pause (SGLang's leak check runs on idle loops).
 
-Reported per variant: replies of phase 1 (compared across variants: greedy outputs must be
-identical), cached tokens per turn, whether the checker was on and stayed quiet (its "Found
-rank divergence" line ends the scheduler), retractions, the Jenga pool lines of both ranks
-(equal), tracebacks, and whether the server was healthy at the end.
+Reported per variant: replies of phases 2 and 3 (compared across variants: greedy outputs
+must be identical), cached tokens per turn, the host tier's counters (`jenga-host`), whether
+the checker was on and stayed quiet (its "Found rank divergence" line ends the scheduler),
+retractions, the Jenga pool lines of both ranks (equal), tracebacks, and whether the server
+was healthy at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from jenga_sglang.bench.drivers.faults import (
     unexpected_tracebacks,
 )
 from jenga_sglang.bench.drivers.server import LocalServer
+from jenga_sglang.bench.studies.sessions_cpu import host_metrics
 
 TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "1"}
 COMMON = ("--max-mamba-cache-size", "32", "--max-running-requests", "6")
@@ -58,10 +62,11 @@ VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
     # study's jenga-host), each rank demoting and loading its shard in lockstep
     "jenga-host": (
         *_JENGA, "--jenga-host-gb", "1", "--jenga-host-bw", "5",
-        "--jenga-prefill-tflops", "0.00001",
+        "--jenga-prefill-tflops", "0.00001", "--enable-metrics",
     ),
 }  # fmt: skip
 SESSIONS, TURNS, REPLY = 3, 3, 6
+FILLERS, FILLER_LEN = 4, 400  # 1,600 tokens: most of Jenga's ~2,000, none of the sessions'
 FAULT_REPLY = 360  # six 40-token prompts decoding this far outgrow Jenga's ~2,000 KV tokens
 POOL_LINE = re.compile(r"TP(\d)\] Jenga pool: (.*)")
 
@@ -77,19 +82,41 @@ def multi_turn(url: str) -> list[dict[str, Any]]:
     def session(s: int) -> list[dict[str, Any]]:
         prompt, turns = _head(s), []
         for t in range(TURNS):
-            status, body = generate(url, prompt, REPLY, timeout_s=300)
-            if status != 200:
-                raise RuntimeError(f"session {s} turn {t}: HTTP {status}: {body}")
-            out = [int(x) for x in body.get("output_ids") or []]
-            meta = body["meta_info"]
-            turns.append({"session": s, "turn": t, "prompt": len(prompt), "text": body["text"],
-                          "cached": int(meta.get("cached_tokens", 0))})  # fmt: skip
-            prompt = prompt + out + [400 + 7 * s + t, 401 + t]
+            turns.append(_turn(url, prompt, s, t))
+            prompt = prompt + turns[-1]["output"] + [400 + 7 * s + t, 401 + t]
         return turns
 
     with ThreadPoolExecutor(SESSIONS) as pool:
         done = [f.result(timeout=900) for f in [pool.submit(session, s) for s in range(SESSIONS)]]
     return [turn for turns in done for turn in turns]
+
+
+def _turn(url: str, prompt: list[int], s: int, t: int) -> dict[str, Any]:
+    status, body = generate(url, prompt, REPLY, timeout_s=300)
+    if status != 200:
+        raise RuntimeError(f"session {s} turn {t}: HTTP {status}: {body}")
+    cached = int(body["meta_info"].get("cached_tokens", 0))
+    output = [int(x) for x in body.get("output_ids") or []]
+    return {"session": s, "turn": t, "prompt": len(prompt), "text": body["text"],
+            "cached": cached, "output": output}  # fmt: skip
+
+
+def revisit(url: str, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Phase 3: unrelated long prompts one after another, then each session's next turn
+    (its last prompt, reply and new ids), one at a time."""
+    for k in range(FILLERS):
+        filler = [1 + (31 * k + 7 * j) % 500 for j in range(FILLER_LEN)]  # tiny vocab: 512
+        status, body = generate(url, filler, 2, timeout_s=300)
+        if status != 200:
+            raise RuntimeError(f"filler {k}: HTTP {status}: {body}")
+    out = []
+    for s in range(SESSIONS):
+        prompt = _head(s)
+        for t in range(TURNS):  # rebuild the session's last prompt and reply as phase 2 did
+            last = next(x for x in turns if x["session"] == s and x["turn"] == t)
+            prompt = prompt + last["output"] + [400 + 7 * s + t, 401 + t]
+        out.append(_turn(url, prompt, s, TURNS))
+    return out
 
 
 def fault_streams(url: str) -> dict[str, Any]:
@@ -140,10 +167,14 @@ def run_variant(model: str, variant: str, out: Path) -> dict[str, Any]:
     with LocalServer(model, flags, log=log, ready_timeout_s=600, env=TP_ENV) as server:
         streams = fault_streams(server.url)  # first: on an empty tree all six are admitted
         turns = multi_turn(server.url)
+        back = revisit(server.url, turns)
         probe = {**streams, **last_request(server.url)}
+        tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
     record = {
         "variant": variant,
-        "turns": turns,
+        "turns": turns + back,
+        "revisit_cached": [t["cached"] for t in back],
+        **tier,
         **probe,
         **read_log(log.read_text(errors="replace")),
     }
@@ -157,6 +188,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "outputs_identical": all(t == first for t in texts.values()),
         "cached_tokens": {r["variant"]: sum(t["cached"] for t in r["turns"]) for r in records},
+        "revisit_cached": {r["variant"]: r["revisit_cached"] for r in records},
         "quiet": all(r["checker_on"] and r["divergences"] == 0 for r in records),
         "records": records,
     }
