@@ -399,4 +399,3 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
 
     def sanity_check(self) -> None:
         self.cache.check_integrity()
-
