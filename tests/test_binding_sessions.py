@@ -98,3 +98,19 @@ def _evict_everything(s: Session) -> Any:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     return EvictParams(num_tokens=10**6, mamba_num=10**3)
+
+
+def test_flush_cache_closes_open_sessions_and_empties_the_tree(sg: Any) -> None:
+    """SGLang's `/flush_cache` on an idle scheduler with sessions still open: their locks go
+    with the tree, and a later turn of the session starts cold."""
+    s = Session(sg, radix_sessions=True)
+    gens = {name: s.cache.open_radix_session(name) for name in ("b-chat", "a-chat")}
+    for k, (name, gen) in enumerate(gens.items()):
+        _serve(s, tokens(k, 60, base=40 * k), tokens(3, 4), name, gen)
+    assert s.cache.sessions.locks() == 2
+    s.cache.reset()
+    assert s.cache.sessions.locks() == 0 and next(s.cache.cache.nodes(), None) is None
+    s.pool.clear()
+    s.alloc.clear()
+    s.pool.reset_aux_cache_allocator()
+    assert _serve(s, tokens(0, 60) + tokens(3, 4) + tokens(9, 5), [1, 2], "b-chat", None) == 0

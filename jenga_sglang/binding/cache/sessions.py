@@ -67,7 +67,7 @@ class SessionLocks:
 
     def release_all(self) -> int:
         """Close every open session (a flushed cache): the number of locks released."""
-        open_ = {*self._generation, *self._held}
+        open_ = sorted({*self._generation, *self._held})  # one order on every TP rank
         return sum(self.release(session_id) for session_id in open_)
 
     def keep(self, req: Any, node: Node) -> None:
