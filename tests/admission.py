@@ -1,5 +1,6 @@
-"""What SGLang's PrefillAdder does with a matched request before it allocates its slots, as
-the test harnesses (tests/mamba_session.py, tests/swa_session.py) drive it."""
+"""What SGLang's scheduler does around the cache, as the test harnesses
+(tests/mamba_session.py, tests/swa_session.py) drive it: PrefillAdder's steps with a matched
+request before it allocates its slots, and `flush_cache` on an idle scheduler."""
 
 from __future__ import annotations
 
@@ -29,3 +30,12 @@ def lock_and_load_back(cache: Any, req: Any) -> None:
         req.lock = cache.lock(req.last_node)  # its commit
     finally:
         cache.unlock(pin)
+
+
+def flush_cache(cache: Any, req_to_token_pool: Any, allocator: Any) -> None:
+    """`Scheduler.flush_cache` on an idle scheduler: the cache's reset, then the pools
+    cleared."""
+    cache.reset()
+    req_to_token_pool.clear()
+    allocator.clear()
+    req_to_token_pool.reset_aux_cache_allocator()

@@ -16,6 +16,7 @@ import pytest
 from swa_session import SwaSession
 
 from jenga_sglang.radix.tokens import TokenSeq
+from tests.admission import flush_cache
 
 pytestmark = pytest.mark.sglang
 
@@ -24,19 +25,25 @@ def toks(base: int, n: int) -> list[int]:
     return [base + (7 * i) % 97 for i in range(n)]
 
 
-@pytest.mark.parametrize(("page", "jenga"), [(1, False), (4, False), (1, True), (4, True)])
-def test_a_demoted_session_comes_back_with_its_window(page: int, jenga: bool) -> None:
+def pushed_to_host(page: int, jenga: bool) -> tuple[SwaSession, list[int], list[int]]:
+    """A session served, then pushed out of the device by others (SGLang's pools, or the Jenga
+    pool with `jenga`): the session, its prompt and its reply."""
     s = SwaSession(
         page=page, full=192, swa=96, chunk=32, jenga_bytes=8 * 2 * 160 if jenga else None,
         host_gb=1.0,
     )  # fmt: skip
-    host = s.cache.host
-    assert host is not None
     prompt, reply = toks(100, 60), toks(300, 4)
     s.serve(prompt, reply)
     for k in range(4):  # other sessions: the device cannot hold them and the first
         s.serve(toks(1000 * (k + 1), 60), toks(2000 + k, 4))
-    assert host.demoted_nodes > 0
+    return s, prompt, reply
+
+
+@pytest.mark.parametrize(("page", "jenga"), [(1, False), (4, False), (1, True), (4, True)])
+def test_a_demoted_session_comes_back_with_its_window(page: int, jenga: bool) -> None:
+    s, prompt, reply = pushed_to_host(page, jenga)
+    host = s.cache.host
+    assert host is not None and host.demoted_nodes > 0
     history = [*prompt, *reply[:-1]]
     walk = s.cache.cache.tree.walk(TokenSeq.of(history))
     assert any(n.host for n in walk.path)  # the first session's path reaches host memory
@@ -93,20 +100,10 @@ def test_a_routers_view_follows_the_window_to_host_and_back(page: int) -> None:
 def test_flush_cache_empties_both_pools_and_serving_goes_on(jenga: bool) -> None:
     """SGLang's `flush_cache`: the cache's reset, then its pools cleared; every slot of both
     pools is free, no full slot names a window slot, and the next turn is cold."""
-    s = SwaSession(
-        page=1, full=192, swa=96, chunk=32, jenga_bytes=8 * 2 * 160 if jenga else None,
-        host_gb=1.0,
-    )  # fmt: skip
+    s, prompt, reply = pushed_to_host(1, jenga)
     host = s.cache.host
-    assert host is not None
-    prompt, reply = toks(100, 60), toks(300, 4)
-    s.serve(prompt, reply)
-    for k in range(4):
-        s.serve(toks(1000 * (k + 1), 60), toks(2000 + k, 4))
-    assert host.host_nodes()
-    s.cache.reset()
-    s.pool.clear()
-    s.alloc.clear()
+    assert host is not None and host.host_nodes()
+    flush_cache(s.cache, s.pool, s.alloc)
     assert next(s.cache.cache.nodes(), None) is None and not host.host_nodes()
     s.check_pools()
     assert int((s.alloc.full_to_swa_index_mapping[:-1] != 0).sum()) == 0

@@ -20,6 +20,7 @@ from jenga_sglang.binding.host.copies import DetachedCopies, SglangHostCopies
 from jenga_sglang.binding.host.memory import HostSlotMemory
 from jenga_sglang.binding.options import JengaOptions
 from jenga_sglang.radix.pages import OutOfMemory
+from tests.admission import flush_cache
 from tests.mamba_session import Session, expected, load_sg, recur, tokens
 from tests.test_binding_int8_checkpoints import assert_checkpoint_of, roundtrip
 
@@ -359,14 +360,6 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     synced()
 
 
-def flush(s: Session) -> None:
-    """SGLang's `flush_cache` on an idle scheduler: the cache's reset, then the pools cleared."""
-    s.cache.reset()
-    s.pool.clear()
-    s.alloc.clear()
-    s.pool.reset_aux_cache_allocator()
-
-
 def test_flush_cache_drops_device_and_host_and_serving_goes_on(sg: Any) -> None:
     """`/flush_cache` raised in the scheduler and took the server down while the tree held
     anything; it now empties the tree, device and host, and the next request is cold."""
@@ -377,7 +370,7 @@ def test_flush_cache_drops_device_and_host_and_serving_goes_on(sg: Any) -> None:
     s.serve(first_in, first_out)
     fill_with_others(s, 8)
     assert host.host_nodes() or any(n.host_state is not None for n in s.cache.cache.nodes())
-    flush(s)
+    flush_cache(s.cache, s.pool, s.alloc)
     assert next(s.cache.cache.nodes(), None) is None and not host.host_nodes()
     assert all(host.memory.usage(t).used + host.memory.usage(t).evictable == 0
                for t in host.memory.page_types)  # fmt: skip

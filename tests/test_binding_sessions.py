@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.admission import flush_cache
 from tests.mamba_session import Session, load_sg, tokens
 
 pytestmark = pytest.mark.sglang
@@ -108,9 +109,6 @@ def test_flush_cache_closes_open_sessions_and_empties_the_tree(sg: Any) -> None:
     for k, (name, gen) in enumerate(gens.items()):
         _serve(s, tokens(k, 60, base=40 * k), tokens(3, 4), name, gen)
     assert s.cache.sessions.locks() == 2
-    s.cache.reset()
+    flush_cache(s.cache, s.pool, s.alloc)
     assert s.cache.sessions.locks() == 0 and next(s.cache.cache.nodes(), None) is None
-    s.pool.clear()
-    s.alloc.clear()
-    s.pool.reset_aux_cache_allocator()
     assert _serve(s, tokens(0, 60) + tokens(3, 4) + tokens(9, 5), [1, 2], "b-chat", None) == 0

@@ -18,11 +18,11 @@ gpt-oss (full and window KV) run with `make test-full`.
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from jenga_sglang.bench.drivers.faults import flush_cache
 from jenga_sglang.bench.drivers.server import LocalServer
 from jenga_sglang.bench.studies import window_events
 from jenga_sglang.bench.studies.sessions_cpu import VARIANTS, host_metrics
@@ -37,13 +37,6 @@ OTHERS = [[30 + (13 * i + 5 * k) % 280 for i in range(200)] for k in range(1, 4)
 #: the tiny gpt-oss: SGLang's Triton attention (sinks), a full pool of 384 slots and a
 #: smaller window pool, windows freed every decode step (as window_events.SERVER_ENV)
 WINDOW_BUDGET = ["--attention-backend", "triton", "--max-total-tokens", "384"]
-
-
-def flush_cache(url: str) -> None:
-    """POST /flush_cache (its reply is plain text)."""
-    request = urllib.request.Request(url + "/flush_cache", data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        reply.read()
 
 
 def serve(

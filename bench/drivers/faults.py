@@ -38,6 +38,7 @@ def _body(
     stream: bool,
     text: str | None = None,
     logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> bytes:
     body: dict[str, Any] = {
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
@@ -45,6 +46,9 @@ def _body(
     }
     if logprobs:
         body["return_logprob"] = True
+    if logprobs and top_logprobs and input_ids is not None:
+        # the reply's tokens only (from the prompt's last position)
+        body.update(top_logprobs_num=top_logprobs, logprob_start_len=len(input_ids) - 1)
     if text is not None:
         body["text"] = text
     else:
@@ -60,13 +64,15 @@ def generate(
     text: str | None = None,
     timeout_s: float = 240.0,
     logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> tuple[int, dict[str, Any]]:
     """POST /generate; (HTTP status, decoded JSON body), 4xx included. `logprobs`: the reply
-    tokens' log-probabilities in `meta_info.output_token_logprobs`."""
+    tokens' log-probabilities in `meta_info.output_token_logprobs`, and with `top_logprobs`
+    k > 0 (token ids only) each reply token's k most likely in `output_top_logprobs`."""
     conn = _connection(url, timeout_s)
     try:
         headers = {"Content-Type": "application/json"}
-        body = _body(input_ids, max_new_tokens, False, text, logprobs)
+        body = _body(input_ids, max_new_tokens, False, text, logprobs, top_logprobs)
         conn.request("POST", "/generate", body, headers)
         reply = conn.getresponse()
         raw = reply.read()
@@ -117,6 +123,19 @@ def stream_generate(
             if cancel_after is not None and chunks >= cancel_after:
                 return StreamResult(200, chunks, text, cached, ttft, True)
         return StreamResult(200, chunks, text, cached, ttft, False)
+    finally:
+        conn.close()
+
+
+def flush_cache(url: str, timeout_s: float = 120.0) -> None:
+    """POST /flush_cache (SGLang flushes only when idle; its reply is plain text)."""
+    conn = _connection(url, timeout_s)
+    try:
+        conn.request("POST", "/flush_cache")
+        reply = conn.getresponse()
+        reply.read()
+        if reply.status != 200:
+            raise RuntimeError(f"/flush_cache: HTTP {reply.status}")
     finally:
         conn.close()
 

@@ -27,8 +27,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import requests
-
+from jenga_sglang.bench.drivers import faults
 from jenga_sglang.bench.drivers.server import LocalServer, scrape_counters
 from jenga_sglang.bench.studies.sessions_cpu import HOST_COUNTERS, VARIANTS
 from jenga_sglang.bench.traces.turns import OnlineConfig, sessions_from_trace
@@ -71,16 +70,14 @@ def template_ids(model: str, messages: list[dict[str, str]]) -> list[int]:
 
 
 def generate(url: str, ids: list[int], n: int, logprobs: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": n, "temperature": 0},
-    }
-    if logprobs:
-        body.update(return_logprob=True, top_logprobs_num=2, logprob_start_len=len(ids) - 1)
-    reply = requests.post(url + "/generate", json=body, timeout=TIMEOUT_S)
-    reply.raise_for_status()
-    out: dict[str, Any] = reply.json()
-    return out
+    """/generate's body (faults.py `generate`), with the top 2 log-probabilities per reply
+    token under `logprobs`; an error status raises."""
+    status, body = faults.generate(
+        url, ids, n, timeout_s=TIMEOUT_S, logprobs=logprobs, top_logprobs=2 if logprobs else 0
+    )
+    if status != 200:
+        raise RuntimeError(f"/generate: HTTP {status}: {body}")
+    return body
 
 
 def traced(url: str, ids: list[int], n: int) -> dict[str, Any]:
@@ -96,15 +93,11 @@ def traced(url: str, ids: list[int], n: int) -> dict[str, Any]:
     }
 
 
-def flush(url: str) -> None:
-    requests.post(url + "/flush_cache", timeout=TIMEOUT_S).raise_for_status()
-
-
 def by_prefix(url: str, ids: list[int], n: int, lengths: list[int]) -> dict[int, dict[str, Any]]:
     """Stage 1: the reply after exactly `length` tokens of the prompt were cached (0: cold)."""
     out = {}
     for length in lengths:
-        flush(url)
+        faults.flush_cache(url, TIMEOUT_S)
         if length:
             generate(url, ids[:length], 1)
         out[length] = traced(url, ids, n)
@@ -115,11 +108,11 @@ def from_host(
     url: str, ids: list[int], n: int, lengths: list[int], fillers: int, vocab: int
 ) -> dict[int, dict[str, Any]]:
     """Stage 2: the reply after a prefix of each length was pushed out by `fillers` prompts
-    of the server's longest input, with the host hit tokens its load brought."""
+    as long as the whole one, with the host hit tokens its load brought."""
     out = {}
     longest = len(ids)
     for length in lengths:
-        flush(url)
+        faults.flush_cache(url, TIMEOUT_S)
         generate(url, ids[:length], 1)
         for k in range(fillers):  # unrelated ids: no prefix in common with the prompt's
             generate(url, [1 + (37 * k + 11 * j + 3) % (vocab - 2) for j in range(longest)], 1)

@@ -83,12 +83,19 @@ def multi_turn(url: str) -> list[dict[str, Any]]:
         prompt, turns = _head(s), []
         for t in range(TURNS):
             turns.append(_turn(url, prompt, s, t))
-            prompt = prompt + turns[-1]["output"] + [400 + 7 * s + t, 401 + t]
+            prompt = _next_prompt(prompt, turns[-1])
         return turns
 
     with ThreadPoolExecutor(SESSIONS) as pool:
         done = [f.result(timeout=900) for f in [pool.submit(session, s) for s in range(SESSIONS)]]
     return [turn for turns in done for turn in turns]
+
+
+def _next_prompt(prompt: list[int], turn: dict[str, Any]) -> list[int]:
+    """The session's next prompt: this turn's prompt, its reply and two new ids."""
+    s, t = turn["session"], turn["turn"]
+    reply: list[int] = turn["output"]
+    return prompt + reply + [400 + 7 * s + t, 401 + t]
 
 
 def _turn(url: str, prompt: list[int], s: int, t: int) -> dict[str, Any]:
@@ -112,9 +119,8 @@ def revisit(url: str, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for s in range(SESSIONS):
         prompt = _head(s)
-        for t in range(TURNS):  # rebuild the session's last prompt and reply as phase 2 did
-            last = next(x for x in turns if x["session"] == s and x["turn"] == t)
-            prompt = prompt + last["output"] + [400 + 7 * s + t, 401 + t]
+        for turn in sorted((x for x in turns if x["session"] == s), key=lambda x: x["turn"]):
+            prompt = _next_prompt(prompt, turn)  # as phase 2 built them
         out.append(_turn(url, prompt, s, TURNS))
     return out
 
