@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,99 @@ def test_reply_trace_rebuilds_the_prompt_a_session_turn_sent(tmp_path: Path) -> 
     assert [m["content"] for m in messages[0::2]] == [t.user_text for t in session[:3]]
     assert [m["content"] for m in messages[1::2]] == ["reply 0", "reply 1"]
     assert reply_len == session[2].max_tokens
+
+
+def test_reply_trace_finds_where_decode_and_prefill_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 3 scores the cold reply by decode and by one prefill of prompt + reply, and names
+    the first reply token whose two log-probabilities differ. The fake server's decode reads a
+    different context once it reaches 32 tokens, as SGLang's triton sliding-window decode does."""
+    from jenga_sglang.bench.drivers import faults
+    from jenga_sglang.bench.studies import reply_trace
+
+    def score(context: int, decode: bool) -> float:
+        return -1.0 - context * 1e-3 - (0.01 if decode and context >= 32 else 0.0)
+
+    def generate(url: str, ids: list[int], n: int, **kw: Any) -> tuple[int, dict[str, Any]]:
+        start = kw.get("logprob_start_len")
+        reply = [(len(ids) + k) % 7 for k in range(n)]
+        out = [(score(len(ids) + k, True), t) for k, t in enumerate(reply)]
+        meta: dict[str, Any] = {"output_token_logprobs": out}
+        meta["output_top_logprobs"] = [[(lp, t), (lp - 0.5, t + 1)] for lp, t in out]
+        if start is not None:  # only the prompt's tokens from `start` are scored
+            meta["input_token_logprobs"] = [
+                (score(p, False), ids[p]) for p in range(start, len(ids))
+            ]
+        return 200, {"meta_info": meta}
+
+    monkeypatch.setattr(faults, "generate", generate)
+    monkeypatch.setattr(faults, "flush_cache", lambda url, timeout_s=0.0: None)
+    ids = list(range(100, 140))
+    checks = reply_trace.decode_against_prefill("http://127.0.0.1:1", ids, 8, [10, 28])
+    assert checks[10]["first_divergent_token"] is None  # 10 + 8 tokens stay under 32
+    assert checks[10]["largest_difference"] < 1e-9
+    assert checks[28]["first_divergent_token"] == 4
+    assert checks[28]["context_there"] == 32
+    assert checks[28]["largest_difference"] == pytest.approx(0.01)
+
+
+def test_metric_samples_sum_over_ranks_and_select_one_label() -> None:
+    """`sum_samples` (what `scrape_counters` reads off /metrics) sums a counter over its label
+    sets, and a name with a label selector counts only the samples with that label value."""
+    from jenga_sglang.bench.drivers.server import sum_samples
+
+    text = "\n".join(
+        [
+            "# TYPE sglang:cached_tokens_total counter",
+            'sglang:cached_tokens_total{cache_source="device",tp_rank="0"} 40.0',
+            'sglang:cached_tokens_total{cache_source="host",tp_rank="0"} 7.0',
+            'sglang:cached_tokens_total{cache_source="host",tp_rank="1"} 5.0',
+            'sglang:cached_tokens_total{cache_source="total",tp_rank="0"} 47.0',
+            'jenga:host_hit_tokens_total{tp_rank="0"} 3.0',
+            "jenga:host_hit_tokens_total_other 100.0",
+        ]
+    )
+    names = {
+        "host": 'sglang:cached_tokens_total{cache_source="host"}',
+        "all": "sglang:cached_tokens_total",
+        "ours": "jenga:host_hit_tokens_total",
+        "absent": "jenga:nothing_total",
+    }
+    assert sum_samples(text, names) == {"host": 12.0, "all": 99.0, "ours": 3.0, "absent": 0.0}
+
+
+def test_flush_cache_retries_while_sglang_says_busy() -> None:
+    """SGLang answers /flush_cache with 400 while a request is still in its batch, which can
+    outlast the request's reply by a step: the client retries a 400, a bounded number of
+    times, and raises on anything else. A loopback server answers 400 twice, then 200."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from jenga_sglang.bench.drivers import faults
+
+    answers = [400, 400, 200, 500]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(answers.pop(0))
+            self.end_headers()
+            self.wfile.write(b"busy")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        faults.flush_cache(url, timeout_s=5)
+        assert answers == [500]  # three posts: two refused, the third flushed
+        with pytest.raises(RuntimeError, match="HTTP 500"):
+            faults.flush_cache(url, timeout_s=5)
+        answers.extend([400, 400])
+        with pytest.raises(RuntimeError, match="HTTP 400"):
+            faults.flush_cache(url, timeout_s=5, tries=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -39,6 +39,7 @@ def _body(
     text: str | None = None,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    logprob_start_len: int | None = None,
 ) -> bytes:
     body: dict[str, Any] = {
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
@@ -49,6 +50,8 @@ def _body(
     if logprobs and top_logprobs and input_ids is not None:
         # the reply's tokens only (from the prompt's last position)
         body.update(top_logprobs_num=top_logprobs, logprob_start_len=len(input_ids) - 1)
+    if logprobs and logprob_start_len is not None:  # the prompt's tokens too, from there
+        body["logprob_start_len"] = logprob_start_len
     if text is not None:
         body["text"] = text
     else:
@@ -65,14 +68,19 @@ def generate(
     timeout_s: float = 240.0,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    logprob_start_len: int | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """POST /generate; (HTTP status, decoded JSON body), 4xx included. `logprobs`: the reply
     tokens' log-probabilities in `meta_info.output_token_logprobs`, and with `top_logprobs`
-    k > 0 (token ids only) each reply token's k most likely in `output_top_logprobs`."""
+    k > 0 (token ids only) each reply token's k most likely in `output_top_logprobs`; with
+    `logprob_start_len` s, also each prompt token's from position s on, in
+    `meta_info.input_token_logprobs`."""
     conn = _connection(url, timeout_s)
     try:
         headers = {"Content-Type": "application/json"}
-        body = _body(input_ids, max_new_tokens, False, text, logprobs, top_logprobs)
+        body = _body(
+            input_ids, max_new_tokens, False, text, logprobs, top_logprobs, logprob_start_len
+        )
         conn.request("POST", "/generate", body, headers)
         reply = conn.getresponse()
         raw = reply.read()
@@ -127,17 +135,23 @@ def stream_generate(
         conn.close()
 
 
-def flush_cache(url: str, timeout_s: float = 120.0) -> None:
-    """POST /flush_cache (SGLang flushes only when idle; its reply is plain text)."""
-    conn = _connection(url, timeout_s)
-    try:
-        conn.request("POST", "/flush_cache")
-        reply = conn.getresponse()
-        reply.read()
-        if reply.status != 200:
-            raise RuntimeError(f"/flush_cache: HTTP {reply.status}")
-    finally:
-        conn.close()
+def flush_cache(url: str, timeout_s: float = 120.0, tries: int = 20) -> None:
+    """POST /flush_cache. SGLang flushes only when idle and answers 400 otherwise; a request
+    whose reply has come back may still be in its running batch for a step, so a 400 is
+    retried, `tries` times at most, 0.25 s apart. Its reply is plain text."""
+    for attempt in range(tries):
+        conn = _connection(url, timeout_s)
+        try:
+            conn.request("POST", "/flush_cache")
+            reply = conn.getresponse()
+            body = reply.read()
+        finally:
+            conn.close()
+        if reply.status == 200:
+            return
+        if reply.status != 400 or attempt == tries - 1:
+            raise RuntimeError(f"/flush_cache: HTTP {reply.status}: {body[:200]!r}")
+        time.sleep(0.25)
 
 
 def health(url: str, timeout_s: float = 30.0) -> bool:

@@ -125,10 +125,17 @@ def scrape_counters(url: str, names: Mapping[str, str]) -> dict[str, float]:
     """Counters off the server's Prometheus text at `url`/metrics, by key of `names` (key ->
     sample name), each summed over its label sets (ranks); 0 where absent."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
+        return sum_samples(reply.read().decode(), names)
+
+
+def sum_samples(text: str, names: Mapping[str, str]) -> dict[str, float]:
+    """`scrape_counters` on Prometheus text. A name may select one label value, as in
+    'sglang:cached_tokens_total{cache_source="host"}': only samples with that label count."""
     out = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         for key, name in names.items():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            base, _, label = name.partition("{")
+            selected = not label or f"{label.rstrip('}')}" in line.split("}", 1)[0]
+            if (line.startswith(base + "{") or line.startswith(base + " ")) and selected:
                 out[key] += float(line.rsplit(" ", 1)[1])
     return out

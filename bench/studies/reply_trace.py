@@ -33,6 +33,7 @@ from jenga_sglang.bench.studies.sessions_cpu import HOST_COUNTERS, VARIANTS
 from jenga_sglang.bench.traces.turns import OnlineConfig, sessions_from_trace
 
 TIMEOUT_S = 600.0
+TOLERANCE = 1e-4  # log-probability: stock's own drift across cached-prefix lengths is ~1e-6
 
 
 def rebuild_prompt(
@@ -69,11 +70,20 @@ def template_ids(model: str, messages: list[dict[str, str]]) -> list[int]:
     return [int(i) for i in ids]
 
 
-def generate(url: str, ids: list[int], n: int, logprobs: bool = False) -> dict[str, Any]:
+def generate(
+    url: str, ids: list[int], n: int, logprobs: bool = False, start: int | None = None
+) -> dict[str, Any]:
     """/generate's body (faults.py `generate`), with the top 2 log-probabilities per reply
-    token under `logprobs`; an error status raises."""
+    token under `logprobs` (and each prompt token's from position `start`, if given); an
+    error status raises."""
     status, body = faults.generate(
-        url, ids, n, timeout_s=TIMEOUT_S, logprobs=logprobs, top_logprobs=2 if logprobs else 0
+        url,
+        ids,
+        n,
+        timeout_s=TIMEOUT_S,
+        logprobs=logprobs,
+        top_logprobs=2 if logprobs and start is None else 0,
+        logprob_start_len=start,
     )
     if status != 200:
         raise RuntimeError(f"/generate: HTTP {status}: {body}")
@@ -123,6 +133,45 @@ def from_host(
     return out
 
 
+def prefill_scores(url: str, ids: list[int], tokens: list[int]) -> list[float]:
+    """Each of `tokens`' log-probability after `ids` and the tokens before it, all from one
+    cold prefill of `ids + tokens` (no decode step)."""
+    faults.flush_cache(url, TIMEOUT_S)
+    body = generate(url, ids + tokens, 1, logprobs=True, start=len(ids) - 1)
+    scored = body["meta_info"]["input_token_logprobs"][-len(tokens) :]
+    return [float(t[0]) for t in scored]
+
+
+def first_divergence(decoded: list[float], prefilled: list[float], tolerance: float) -> int | None:
+    """The first reply token whose two log-probabilities differ by more than `tolerance`."""
+    pairs = enumerate(zip(decoded, prefilled, strict=True))
+    return next((i for i, (a, b) in pairs if abs(a - b) > tolerance), None)
+
+
+def decode_against_prefill(
+    url: str, ids: list[int], n: int, lengths: list[int]
+) -> dict[int, dict[str, Any]]:
+    """Stage 3: for the first `length` tokens of the prompt, the cold reply as decode scored
+    it against a prefill's scores of the same tokens, and where the two first part."""
+    out = {}
+    for length in lengths:
+        prompt = ids[:length]
+        faults.flush_cache(url, TIMEOUT_S)
+        decoded = traced(url, prompt, n)
+        prefilled = prefill_scores(url, prompt, decoded["tokens"])
+        first = first_divergence(decoded["logprobs"], prefilled, TOLERANCE)
+        pairs = zip(decoded["logprobs"], prefilled, strict=True)
+        out[length] = {
+            "tokens": decoded["tokens"],
+            "decode": decoded["logprobs"],
+            "prefill": prefilled,
+            "largest_difference": max(abs(a - b) for a, b in pairs),
+            "first_divergent_token": first,
+            "context_there": None if first is None else length + first,
+        }
+    return out
+
+
 def drift(reference: dict[str, Any], other: dict[str, Any]) -> float | None:
     """The largest log-probability difference from `reference` (None: the tokens differ)."""
     if other["tokens"] != reference["tokens"]:
@@ -145,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail", type=int, default=12, help="stage 1: and each of the last this many")
     p.add_argument("--demote", default="", help="stage 2: prefix lengths, comma-separated")
     p.add_argument("--fillers", type=int, default=3)
+    p.add_argument("--cuts", default="", help="stage 3: also these prompt lengths, comma-separated")
     p.add_argument("--out", default="out/reply-trace")
     args = p.parse_args(argv)
     if args.step < 1 or args.tail < 0 or args.fillers < 0:
@@ -154,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ids = template_ids(args.model, messages)
     vocab = int(json.loads((Path(args.model) / "config.json").read_text())["vocab_size"])
     demote = [int(x) for x in args.demote.split(",") if x]
-    if any(not 0 < d < len(ids) for d in demote):
-        p.error(f"--demote lengths must be in (0, {len(ids)})")
+    cuts = [int(x) for x in args.cuts.split(",") if x]
+    if any(not 0 < d < len(ids) for d in demote + cuts):
+        p.error(f"--demote and --cuts lengths must be in (0, {len(ids)})")
     out.mkdir(parents=True, exist_ok=True)
     base = ["--max-total-tokens", str(args.max_total_tokens), *shlex.split(args.server_flags)]
     tail = range(max(1, len(ids) - args.tail), len(ids))
@@ -163,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"prompt_tokens": len(ids), "reply_tokens": n}
     with LocalServer(args.model, base, log=out / "server-stock.log") as server:
         report["stock"] = by_prefix(server.url, ids, n, lengths)
+        checks = decode_against_prefill(server.url, ids, n, sorted({*cuts, len(ids)}))
+    report["decode_vs_prefill"] = checks
     cold = report["stock"][0]
     drifts = [drift(cold, r) for r in report["stock"].values()]
     report["stock_drift"] = None if None in drifts else max(d for d in drifts if d is not None)
@@ -173,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
             report[args.variant] = from_host(server.url, ids, n, demote, args.fillers, vocab)
         report["variant_drift"] = {k: drift(cold, r) for k, r in report[args.variant].items()}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k not in ("stock", args.variant)}))
+    kept = ("largest_difference", "first_divergent_token", "context_there")
+    report_brief = {k: v for k, v in report.items() if k not in ("stock", args.variant)}
+    report_brief["decode_vs_prefill"] = {
+        length: {k: check[k] for k in kept} for length, check in checks.items()
+    }
+    print(json.dumps(report_brief))
     print(json.dumps({"cold": cold}))
     return 0
 
