@@ -109,3 +109,25 @@ def test_host_tier_serves_a_window_models_evicted_session_as_stock_would(
     assert jenga[4].cached >= 200 > stock[4].cached  # the first session, back from host
     assert tier["host_hit_tokens_total"] > 0 and tier["host_loaded_bytes_total"] > 0
     assert jenga[6].cached == stock[6].cached == 0  # flushed: nothing left, device or host
+
+
+def test_stock_hicache_serves_on_cpu_through_the_test_shim(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Stock SGLang's own HiCache, live on CPU (jenga_sglang/cpu_hicache.py: no pinning, its
+    direct copies in torch), is the baseline the sessions study runs beside our tier
+    (sessions_cpu.py `stock-hicache`). The same requests, with host pools four times the
+    device's so that the four sessions' KV fits (at the study's ratio of 2 HiCache's host KV
+    pool holds 640 tokens, fewer than the 816 sent, and the first session is gone from host
+    too): the evicted first session comes back from HiCache's host pools as SGLang reports
+    it, with stock's outputs (copies that moved other bytes would change them)."""
+    stock, _ = serve(tiny_model, [], tmp_path / "stock.log")
+    flags = [*VARIANTS["stock-hicache"], "--hicache-ratio", "4"]  # the last one counts
+    hicache, tier = serve(tiny_model, flags, tmp_path / "hicache.log")
+    print(json.dumps({"stock": stock, "hicache": hicache, "tier": tier}))
+    log = (tmp_path / "hicache.log").read_text(errors="replace")
+    assert "hicache_attached=True" in log
+    assert [r.output for r in hicache] == [r.output for r in stock]
+    assert hicache[4].cached > stock[4].cached  # the first session, back from host
+    assert tier["sglang_host_cached_tokens"] > 0
+    assert hicache[6].cached == 0  # flushed

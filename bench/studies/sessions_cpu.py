@@ -67,17 +67,36 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "0.00001",
         "--enable-metrics",
     ),
+    # stock SGLang's HiCache, live on CPU through our test shim (jenga_sglang/cpu_hicache.py:
+    # no pinning, its direct copies in torch); host pools twice the device's, HiCache's
+    # default ratio: 0.96 GB on the tiny NemotronH (almost all Mamba state slots), against
+    # jenga-host's 1 GB
+    "stock-hicache": (
+        "--enable-hierarchical-cache",
+        "--hicache-ratio",
+        "2",
+        "--hicache-io-backend",
+        "direct",
+        "--hicache-mem-layout",
+        "page_first_direct",
+        "--enable-metrics",
+    ),
 }
-#: What `host_metrics` reads, by the key it reports.
+#: What `host_metrics` reads, by the key it reports: our tier's counters, and the prompt
+#: tokens SGLang itself reports as served from host (its per-request cache breakdown, filled
+#: for HiCache's load-backs and for ours, which go through the same `init_load_back`).
 HOST_COUNTERS = {
-    name: f"jenga:{name}"
-    for name in (
-        "host_hit_tokens_total",
-        "host_stored_bytes_total",
-        "host_loaded_bytes_total",
-        "host_loads_declined_total",
-        "hit_tokens_total",
-    )
+    **{
+        name: f"jenga:{name}"
+        for name in (
+            "host_hit_tokens_total",
+            "host_stored_bytes_total",
+            "host_loaded_bytes_total",
+            "host_loads_declined_total",
+            "hit_tokens_total",
+        )
+    },
+    "sglang_host_cached_tokens": 'sglang:cached_tokens_total{cache_source="host"}',
 }
 DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 

@@ -31,7 +31,8 @@ On a machine without CUDA running under ``TRITON_INTERPRET=1`` it also applies t
 interpreter patches (jenga_sglang/cpu_interpreter.py) in each process, so that stock SGLang can
 serve a hybrid model on CPU (docs/e2e-cpu.md), and lets SGLang take its `extra_buffer`
 snapshot path there (binding/cpu_snapshots.py) and, as a test shim, run `--tp-size N` without
-pynccl (jenga_sglang/cpu_tensor_parallel.py); elsewhere it changes nothing of SGLang's.
+pynccl (jenga_sglang/cpu_tensor_parallel.py) and stock `--enable-hierarchical-cache` with its
+host copies in torch (jenga_sglang/cpu_hicache.py); elsewhere it changes nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang import cpu_tensor_parallel
+    from jenga_sglang import cpu_hicache, cpu_tensor_parallel
     from jenga_sglang.binding import cpu_snapshots, vocab_check
     from jenga_sglang.binding.cache.factory import build_tree_cache
     from jenga_sglang.binding.capture import forward as capture_forward
@@ -141,3 +142,4 @@ def register() -> None:
     vocab_check.register(HookRegistry, HookType)
     cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only
     cpu_tensor_parallel.register_hooks()  # TP without pynccl: a CPU test shim, same mode only
+    cpu_hicache.register_hooks()  # stock HiCache's host copies in torch: a CPU test shim, too
