@@ -65,12 +65,38 @@ def test_sessions_study_refuses_bad_input_before_serving(
 def test_sessions_study_compares_replies_on_the_turns_both_servers_served() -> None:
     """With several sessions in flight the request budget ends in whichever session timing
     picks: the servers' request sets may differ, and only common turns are compared."""
-    from jenga_sglang.bench.studies.sessions_cpu import same_replies
+    from jenga_sglang.bench.studies.sessions_cpu import Turn, same_replies
 
-    first = {(0, 0): "a", (0, 1): "b", (1, 0): "c"}
-    assert same_replies(first, {(0, 0): "a", (0, 1): "b", (2, 0): "d"}) == "2/2"
-    assert same_replies(first, {(0, 0): "a", (0, 1): "x", (1, 0): "c"}) == "2/3"
+    def turns(texts: dict[tuple[int, int], str]) -> dict[tuple[int, int], Turn]:
+        return {k: Turn(t) for k, t in texts.items()}
+
+    first = turns({(0, 0): "a", (0, 1): "b", (1, 0): "c"})
+    assert same_replies(first, turns({(0, 0): "a", (0, 1): "b", (2, 0): "d"})) == "2/2"
+    assert same_replies(first, turns({(0, 0): "a", (0, 1): "x", (1, 0): "c"})) == "2/3"
     assert same_replies(first, first) == "3/3"
+
+
+def test_sessions_study_compares_hits_and_ttft_on_the_same_turns() -> None:
+    """A server that refused a turn ended that session there; the other served it and the
+    session's longer next turns. Totals then cover different prompts, so cached ratio and
+    TTFT are also compared over the turns both served with equal prompts only."""
+    from jenga_sglang.bench.studies.sessions_cpu import Turn, on_common_turns
+
+    first = {(0, 0): Turn("a", 100, 0, 1.0), (0, 1): Turn("b", 200, 100, 2.0)}
+    other = {
+        (0, 0): Turn("a", 100, 50, 0.5),
+        (0, 1): Turn("b", 200, 150, 1.0),
+        (0, 2): Turn("c", 900, 800, 9.0),  # served by this one only
+        (1, 0): Turn("d", 50, 0, 3.0),
+    }
+    first[(1, 0)] = Turn("d", 60, 0, 3.0)  # not the same prompt: left out
+    assert on_common_turns(first, other) == {
+        "turns": 2,
+        "first_cached_ratio": 100 / 300,
+        "first_mean_ttft_s": 1.5,
+        "this_cached_ratio": 200 / 300,
+        "this_mean_ttft_s": 0.75,
+    }
 
 
 def test_sessions_study_reports_each_servers_replies_against_the_first(
@@ -80,10 +106,10 @@ def test_sessions_study_reports_each_servers_replies_against_the_first(
     replies themselves out of the summary (servers stood in for: this checks the wiring)."""
     from jenga_sglang.bench.studies import sessions_cpu
     from jenga_sglang.bench.studies.online import OnlineConfig
+    from jenga_sglang.bench.studies.sessions_cpu import Turn
 
-    served = iter(
-        [({"cached_tokens": 1}, {(0, 0): "x", (0, 1): "y"}), ({"cached_tokens": 2}, {(0, 0): "z"})]
-    )
+    first = {(0, 0): Turn("x", 10, 0, 1.0), (0, 1): Turn("y", 20, 10, 1.0)}
+    served = iter([({"cached_tokens": 1}, first), ({"cached_tokens": 2}, {(0, 0): Turn("z", 10)})])
     monkeypatch.setattr(sessions_cpu, "serve_sessions", lambda *_a, **_k: next(served))
     monkeypatch.setattr(sessions_cpu, "small_agent_trace", lambda *_a: tmp_path / "trace")
     config = OnlineConfig(url="http://127.0.0.1:1")
@@ -91,7 +117,17 @@ def test_sessions_study_reports_each_servers_replies_against_the_first(
         "m", tmp_path, config, 8, 1024, variants=("jenga-host", "jenga")
     )
     assert summary["jenga-host"] == {"cached_tokens": 1, "same_replies_as_jenga-host": "2/2"}
-    assert summary["jenga"] == {"cached_tokens": 2, "same_replies_as_jenga-host": "0/1"}
+    assert summary["jenga"] == {
+        "cached_tokens": 2,
+        "same_replies_as_jenga-host": "0/1",
+        "common_turns_with_jenga-host": {
+            "turns": 1,
+            "first_cached_ratio": 0.0,
+            "first_mean_ttft_s": 1.0,
+            "this_cached_ratio": 0.0,
+            "this_mean_ttft_s": 0.0,
+        },
+    }
     kept = json.loads((tmp_path / "replies-jenga-host.json").read_text())
     assert kept == [[0, 0, "x"], [0, 1, "y"]]  # by (session, turn), to trace a difference
     assert json.loads((tmp_path / "replies-jenga.json").read_text()) == [[0, 0, "z"]]

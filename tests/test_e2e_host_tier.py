@@ -116,14 +116,11 @@ def test_stock_hicache_serves_on_cpu_through_the_test_shim(
 ) -> None:
     """Stock SGLang's own HiCache, live on CPU (jenga_sglang/cpu_hicache.py: no pinning, its
     direct copies in torch), is the baseline the sessions study runs beside our tier
-    (sessions_cpu.py `stock-hicache`). The same requests, with host pools four times the
-    device's so that the four sessions' KV fits (at the study's ratio of 2 HiCache's host KV
-    pool holds 640 tokens, fewer than the 816 sent, and the first session is gone from host
-    too): the evicted first session comes back from HiCache's host pools as SGLang reports
-    it, with stock's outputs (copies that moved other bytes would change them)."""
+    (sessions_cpu.py `stock-hicache`, 1 GB of host memory). The same requests: the evicted
+    first session comes back from HiCache's host pools as SGLang reports it, with stock's
+    outputs (copies that moved other bytes would change them)."""
     stock, _ = serve(tiny_model, [], tmp_path / "stock.log")
-    flags = [*VARIANTS["stock-hicache"], "--hicache-ratio", "4"]  # the last one counts
-    hicache, tier = serve(tiny_model, flags, tmp_path / "hicache.log")
+    hicache, tier = serve(tiny_model, [*VARIANTS["stock-hicache"]], tmp_path / "hicache.log")
     print(json.dumps({"stock": stock, "hicache": hicache, "tier": tier}))
     log = (tmp_path / "hicache.log").read_text(errors="replace")
     assert "hicache_attached=True" in log

@@ -17,9 +17,14 @@ that the concurrent sessions' histories outgrow SGLang's KV share and eviction d
 the next turn finds. The Jenga pool's byte budget is SGLang's static split of the same flags
 (KV tokens plus Mamba states), which it shares between the two: with SGLang's CPU sizing most
 of those bytes are states, so over the pool KV can hold more tokens than `--max-total-tokens`.
+`--variants` also takes servers outside the default five: our host tier (`jenga-host`), and
+stock SGLang's HiCache with the same host bytes (`stock-hicache`, through the CPU test shim
+jenga_sglang/cpu_hicache.py), among others (`VARIANTS`).
 
 Reported per server: requests and errors, prompt and cached tokens (the usage reports), mean
-TTFT, prefill rounds (its log), and whether the greedy replies equal the first server's; each
+TTFT, prefill rounds (its log), whether the greedy replies equal the first server's, and both
+servers' cached ratio and mean TTFT over the turns both served with equal prompts (a server
+that refuses a turn ends that session there, so totals can cover different turns); each
 server's replies by (session, turn) go to `replies-<variant>.json` beside `summary.json`.
 """
 
@@ -32,7 +37,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jenga_sglang.bench.drivers.server import LocalServer, ServerError, scrape_counters
 from jenga_sglang.bench.studies.e2e_cpu import (
@@ -68,13 +73,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "--enable-metrics",
     ),
     # stock SGLang's HiCache, live on CPU through our test shim (jenga_sglang/cpu_hicache.py:
-    # no pinning, its direct copies in torch); host pools twice the device's, HiCache's
-    # default ratio: 0.96 GB on the tiny NemotronH (almost all Mamba state slots), against
-    # jenga-host's 1 GB
+    # no pinning, its direct copies in torch), with jenga-host's 1 GB of host memory, which
+    # SGLang splits between its host KV and Mamba pools in proportion to the device pools
     "stock-hicache": (
         "--enable-hierarchical-cache",
-        "--hicache-ratio",
-        "2",
+        "--hicache-size",
+        "1",
         "--hicache-io-backend",
         "direct",
         "--hicache-mem-layout",
@@ -101,14 +105,23 @@ HOST_COUNTERS = {
 DEFAULT_VARIANTS = ("stock", "stock-sessions", "jenga", "jenga-sessions", "jenga-no-pool")
 
 
-Replies = dict[tuple[int, int], str]  # a run's replies by (session, turn)
+class Turn(NamedTuple):
+    """One served turn: its reply, and what the usage report and the stream measured."""
+
+    text: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float = 0.0
+
+
+Replies = dict[tuple[int, int], Turn]  # a run's served turns by (session, turn)
 
 
 def serve_sessions(
     model: str, flags: Sequence[str], trace: Path, config: OnlineConfig, log: Path
 ) -> tuple[dict[str, Any], Replies]:
     """One server: the session replay's summary (without per-request records) and rounds,
-    and its replies by (session, turn), for `same_replies`."""
+    and its served turns by (session, turn), for `same_replies` and `on_common_turns`."""
     with LocalServer(model, flags, log=log) as server:
         summary = run_online(str(trace), dataclasses.replace(config, url=server.url))
         tier = host_metrics(server.url) if "--enable-metrics" in flags else {}
@@ -116,7 +129,12 @@ def serve_sessions(
     brief.update(tier)
     brief["prefill_rounds"] = prefill_rounds(log.read_text(errors="replace"))
     ok = (r for r in summary["records"] if r["error"] is None)
-    return brief, {(r["session_id"], r["turn_index"]): r["text"] for r in ok}
+    return brief, {
+        (r["session_id"], r["turn_index"]): Turn(
+            r["text"], r["prompt_tokens"], r["cached_tokens"], r["ttft_s"] or 0.0
+        )
+        for r in ok
+    }
 
 
 def same_replies(first: Replies, other: Replies) -> str:
@@ -125,7 +143,21 @@ def same_replies(first: Replies, other: Replies) -> str:
     picks, so two servers' sets of requests may differ by a turn or two, and a hash over all
     replies would then differ with every common reply equal."""
     common = first.keys() & other.keys()
-    return f"{sum(first[k] == other[k] for k in common)}/{len(common)}"
+    return f"{sum(first[k].text == other[k].text for k in common)}/{len(common)}"
+
+
+def on_common_turns(first: Replies, other: Replies) -> dict[str, float]:
+    """Cached ratio and mean TTFT of both servers over the turns both served with equal
+    prompts: a server that refuses a turn (over its input limit) ends that session there, so
+    its totals cover fewer and shorter prompts than one that serves it."""
+    common = [k for k in first.keys() & other.keys() if first[k].prompt_tokens]
+    common = [k for k in common if first[k].prompt_tokens == other[k].prompt_tokens]
+    out: dict[str, float] = {"turns": len(common)}
+    for side, turns in (("first", first), ("this", other)):
+        prompt = sum(turns[k].prompt_tokens for k in common)
+        out[f"{side}_cached_ratio"] = sum(turns[k].cached_tokens for k in common) / max(1, prompt)
+        out[f"{side}_mean_ttft_s"] = sum(turns[k].ttft_s for k in common) / max(1, len(common))
+    return out
 
 
 def host_metrics(url: str) -> dict[str, float]:
@@ -156,8 +188,10 @@ def run_study(
     runs = {}
     for name, (brief, replies) in served.items():
         brief[f"same_replies_as_{variants[0]}"] = same_replies(first, replies)
+        if name != variants[0]:
+            brief[f"common_turns_with_{variants[0]}"] = on_common_turns(first, replies)
         runs[name] = brief
-        kept = [[session, turn, text] for (session, turn), text in sorted(replies.items())]
+        kept = [[session, turn, t.text] for (session, turn), t in sorted(replies.items())]
         (out / f"replies-{name}.json").write_text(json.dumps(kept) + "\n")  # to trace a diff
     return {
         "model": model,
