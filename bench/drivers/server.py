@@ -135,7 +135,7 @@ def sum_samples(text: str, names: Mapping[str, str]) -> dict[str, float]:
     for line in text.splitlines():
         for key, name in names.items():
             base, _, label = name.partition("{")
-            selected = not label or f"{label.rstrip('}')}" in line.split("}", 1)[0]
+            selected = not label or label.rstrip("}") in line.split("}", 1)[0]
             if (line.startswith(base + "{") or line.startswith(base + " ")) and selected:
                 out[key] += float(line.rsplit(" ", 1)[1])
     return out
