@@ -59,8 +59,7 @@ def transfer_kv_direct(
     (token rows; `page_size` only groups them on the GPU)."""
     del page_size
     for src, dst in zip(src_layers, dst_layers, strict=True):
-        rows = src[src_indices.to(src.device, torch.int64)]
-        dst[dst_indices.to(dst.device, torch.int64)] = rows.to(dst.device, dst.dtype)
+        _put(dst, (_index(dst_indices, dst),), src[_index(src_indices, src)])
 
 
 def transfer_kv_per_layer_direct_pf_lf(
@@ -74,9 +73,8 @@ def transfer_kv_per_layer_direct_pf_lf(
     """Layer `layer_id` of host page-first buffers (`[page, layer, (page_size,) ...]`) into the
     device's layer tensors (`[token, ...]`)."""
     for src, dst in zip(src_ptrs, dst_ptrs, strict=True):
-        where = _host_rows(src_indices.to(src.device, torch.int64), layer_id, page_size)
-        target = dst_indices.to(dst.device, torch.int64)
-        dst[target] = src[where].reshape(dst[target].shape).to(dst.device, dst.dtype)
+        rows = src[_host_rows(_index(src_indices, src), layer_id, page_size)]
+        _put(dst, (_index(dst_indices, dst),), rows)
 
 
 def transfer_kv_all_layer_direct_lf_pf(
@@ -93,12 +91,23 @@ def transfer_kv_all_layer_direct_lf_pf(
         raise ValueError(f"{len(src_ptrs)} device layers do not split over {len(dst_ptrs)} buffers")
     layers = len(src_ptrs) // len(dst_ptrs)
     for b, dst in enumerate(dst_ptrs):
-        host = dst_indices.to(dst.device, torch.int64)
+        host = _index(dst_indices, dst)
         for layer in range(layers):
             src = src_ptrs[b * layers + layer]
-            where = _host_rows(host, layer, page_size)
-            rows = src[src_indices.to(src.device, torch.int64)]
-            dst[where] = rows.reshape(dst[where].shape).to(dst.device, dst.dtype)
+            _put(dst, _host_rows(host, layer, page_size), src[_index(src_indices, src)])
+
+
+def _index(indices: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """`indices` as int64 on `tensor`'s device, for advanced indexing."""
+    return indices.to(tensor.device, torch.int64)
+
+
+def _put(dst: torch.Tensor, where: tuple[torch.Tensor, ...], rows: torch.Tensor) -> None:
+    """`dst[where] = rows`, with `rows` shaped as that selection (one row per index, then the
+    axes `where` leaves: a host row of one token a page and a device row differ only by a
+    unit axis) and moved to `dst`'s device and dtype."""
+    shape = (len(where[0]), *dst.shape[len(where) :])
+    dst[where] = rows.reshape(shape).to(dst.device, dst.dtype)
 
 
 def _host_rows(tokens: torch.Tensor, layer: int, page_size: int) -> tuple[torch.Tensor, ...]:
