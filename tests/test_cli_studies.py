@@ -129,8 +129,9 @@ def test_sessions_study_reports_each_servers_replies_against_the_first(
         },
     }
     kept = json.loads((tmp_path / "replies-jenga-host.json").read_text())
-    assert kept == [[0, 0, "x"], [0, 1, "y"]]  # by (session, turn), to trace a difference
-    assert json.loads((tmp_path / "replies-jenga.json").read_text()) == [[0, 0, "z"]]
+    # by (session, turn) with what each turn measured, to trace a difference
+    assert kept == [[0, 0, "x", 10, 0, 1.0], [0, 1, "y", 20, 10, 1.0]]
+    assert json.loads((tmp_path / "replies-jenga.json").read_text()) == [[0, 0, "z", 10, 0, 0.0]]
 
 
 def test_reply_trace_rebuilds_the_prompt_a_session_turn_sent(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def rebuild_prompt(
     )
     turns = {t[0].session_id: t for t in sessions_from_trace(summary["trace"], config)}[session]
     replies = {
-        (s, t): text for s, t, text in json.loads((run / f"replies-{first}.json").read_text())
+        (s, t): text for s, t, text, *_ in json.loads((run / f"replies-{first}.json").read_text())
     }
     messages: list[dict[str, str]] = []
     for index in range(turn + 1):

@@ -25,7 +25,8 @@ Reported per server: requests and errors, prompt and cached tokens (the usage re
 TTFT, prefill rounds (its log), whether the greedy replies equal the first server's, and both
 servers' cached ratio and mean TTFT over the turns both served with equal prompts (a server
 that refuses a turn ends that session there, so totals can cover different turns); each
-server's replies by (session, turn) go to `replies-<variant>.json` beside `summary.json`.
+server's served turns go to `replies-<variant>.json` beside `summary.json`, one row
+[session, turn, reply, prompt tokens, cached tokens, TTFT s] each, to trace a difference.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def run_study(
         if name != variants[0]:
             brief[f"common_turns_with_{variants[0]}"] = on_common_turns(first, replies)
         runs[name] = brief
-        kept = [[session, turn, t.text] for (session, turn), t in sorted(replies.items())]
+        kept = [[session, turn, *t] for (session, turn), t in sorted(replies.items())]
         (out / f"replies-{name}.json").write_text(json.dumps(kept) + "\n")  # to trace a diff
     return {
         "model": model,
