@@ -338,6 +338,12 @@ class JengaEviction(FlopAwareEviction):
         self._expended.discard(node.id)
         self.revived_expendable += 1
 
+    def warm(self, path: Sequence[Node], now: int) -> None:
+        # recency alone: the learners below count a request's hit once, when it is taken
+        # (a waiting request's hit counted every round made its own resume point look
+        # superseded: one child, hit)
+        super().refresh(path, now)
+
     def refresh(self, path: Sequence[Node], now: int) -> None:
         revived = [node for node in path if node.id in self._expended]
         for node in revived:

@@ -156,6 +156,13 @@ class PrefixCache:
         nothing: a driver may look up a request it then leaves waiting."""
         return self.tree.match(tokens, namespace)
 
+    def warm(self, found: MatchResult) -> None:
+        """The hit `found` of a request `lookup` matched and the driver has not taken yet (a
+        server matches every waiting request each round, and most wait): it keeps its
+        recency, counting nothing; `admit` counts it once, when the request is taken."""
+        if found.path:
+            self.tree.policy.warm(found.path, self.tick())
+
     def admit(
         self,
         tokens: TokenSeq,

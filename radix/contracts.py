@@ -63,6 +63,13 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def refresh(self, path: Sequence[Node], now: int) -> None: ...
 
+    def warm(self, path: Sequence[Node], now: int) -> None:
+        """A hit looked up for a request the driver leaves waiting (a server matches its
+        waiting requests every round): it keeps its recency, as SGLang keeps a waiting
+        request's prefix, but no hit is counted: `refresh` counts it once, when the request is
+        taken. By default `refresh`, for a policy whose refresh is recency alone."""
+        self.refresh(path, now)
+
     @abstractmethod
     def victim(self) -> Node | None: ...
 

@@ -244,6 +244,7 @@ class Session:
         if req.prefix_len:  # alloc_for_extend: the prefix off the tree into the row
             prefix = self.cache.prefix_device_indices(req)
             self.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
+        self.cache.maybe_hand_to_session(req)  # alloc_for_extend's, once the row is written
         return req
 
     def prefill(

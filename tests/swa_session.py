@@ -197,6 +197,7 @@ class SwaSession:
         if hit:
             prefix = self.cache.prefix_device_indices(req)
             self.pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix)
+        self.cache.maybe_hand_to_session(req)  # alloc_for_extend's, once the row is written
         req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
         self.check_window(req, inp, hit)
         return req

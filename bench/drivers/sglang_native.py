@@ -147,6 +147,7 @@ class SglangNativeCache:
                 end = branch  # the chunk ends at the branch point: its live state is exact
             req.extend_end = end
             self._alloc_kv(req, start, end)
+            self.tree_cache.maybe_hand_to_session(req)  # alloc_for_extend's, per extend
             if self.extra_buffer:
                 ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(self._batch, req)
             if end == total and first_output is not None:

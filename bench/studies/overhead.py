@@ -3,8 +3,9 @@ SGLang's own cache, driven by the same SGLang calls on the same request stream.
 
 Both caches sit behind SGLang's real pools and scheduler helpers (bench/drivers/sglang_native.py's
 `SglangNativeCache`: `alloc_req_slots`, `init_next_round_input` (match_prefix and the state's
-copy-on-write), `lock`, per chunk `alloc_token_slots` (which evicts) and `checkpoint_kv_cache`,
-then `release_kv_cache(checkpoint=True)`), so the only difference is the tree behind them.
+copy-on-write), `lock`, per chunk `alloc_token_slots` (which evicts), `maybe_hand_to_session`
+(where our backend counts the hit) and `checkpoint_kv_cache`, then
+`release_kv_cache(checkpoint=True)`), so the only difference is the tree behind them.
 
 One measurement, for a tree of about `nodes` nodes, prompts of `prompt_tokens` and `running`
 requests in flight:

@@ -244,8 +244,28 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         as it writes the request's row, so the hit is counted here: a waiting request is
         matched again every scheduling round, and counting matches counted it each time."""
         self.hit_tokens += int(req.prefix_len)
+        self._taken(req)
         self.sync_metrics()
         return super().prefix_device_indices(req)  # type: ignore[no-any-return]
+
+    def maybe_hand_to_session(self, req: Any) -> None:
+        """SGLang calls this for every request of an extend batch once its row is written:
+        the first call after a match is the request's admission (a request without a hit
+        reaches no `prefix_device_indices`)."""
+        self._taken(req)
+        super().maybe_hand_to_session(req)
+
+    def _taken(self, req: Any) -> None:
+        """Count the request's hit in the tree once, as it is taken: its matches while it
+        waited only kept the hit warm (`PrefixCache.warm`). Counted at every match, a waiting
+        turn's hit marked its own resume point superseded (one child, hit), and eviction
+        dropped that state before the turn ran (bench/RESULTS.md, "A waiting request's hit,
+        counted once")."""
+        planned = self.plans.get(req.rid)
+        if planned.found is not None:
+            assert planned.tokens is not None
+            self.cache.admit(planned.tokens, planned.found, namespace=planned.namespace)
+            self.plans.remember(req.rid, planned._replace(found=None))
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
         """SGLang admitted a request whose match offered a host hit (`host_hit_length`,
@@ -292,9 +312,12 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
         elif self.host is not None:  # report what a load would add; SGLang's budget decides
             offer = offered(self.cache, self.host, tokens, found) if params.req else offer
             found = device_only(self.cache, found)
-        planned = self._admit(params, found, whole, namespace)  # records the hit, plans
+        self.cache.warm(found)  # counted once the request is taken (`_taken`)
+        planned = self._plan(params, found, whole, namespace)
         if params.req is not None:
-            self.plans.remember(params.req.rid, planned._replace(tokens=whole, namespace=namespace))
+            self.plans.remember(
+                params.req.rid, planned._replace(tokens=whole, namespace=namespace, found=found)
+            )
         seeds = params.cow_mamba and params.req is not None and found.state is not None
         if seeds and not self._seed(params.req, found):
             self.unseeded += 1  # prefilled from scratch; its plan's positions still hold
@@ -329,16 +352,16 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             return None
         return self.captures.plan(batch_rows(reqs, lambda rid: self.plans.get(rid).positions))
 
-    def _admit(
+    def _plan(
         self,
         params: MatchPrefixParams,
         found: TreeMatch,
         whole: TokenSeq,
         namespace: str | None,
     ) -> Planned:
-        """Admit the match to the cache (the hit is recorded; SGLang takes the lock itself,
-        `inc_lock_ref`): the exact positions our admission checkpoints during this prefill,
-        and what of the finished sequence is expendable.
+        """Our admission's plan for the match (SGLang takes the lock itself, `inc_lock_ref`):
+        the exact positions it checkpoints during this prefill, and what of the finished
+        sequence is expendable.
 
         The match key may be capped short of the input (SGLang recomputes the last token), so
         positions are planned against the whole input `params.key.token_ids`:
@@ -347,9 +370,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
                       |-- prefill: states captured at the planned positions --|
         """
         if self.state_type is None:
-            # plans nothing: SGLang decides what it inserts
-            self.cache.admit(whole, found, namespace=namespace)
-            return Planned()
+            return Planned()  # plans nothing: SGLang decides what it inserts
         input_len = len(whole)
         # A prompt-end state is planned when decoding follows, and, captured in-pass, also when
         # it does not under extra_buffer: that finish hands over SGLang's last tracked state
@@ -358,8 +379,8 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             self.handover and self.handover.extra_buffer
         )
         ends = will_decode(params.req) or (params.req is not None and tracked_finish)
-        lease = self.cache.admit(whole, found, input_len + int(ends), namespace=namespace)
-        return Planned.of(lease.plan, found.length, input_len)
+        plan = self.cache.plan(whole, found, input_len + int(ends), namespace=namespace)
+        return Planned.of(plan, found.length, input_len)
 
     def _seed(self, req: Any, found: TreeMatch) -> bool:
         """Copy-on-write of the hit's checkpoint into the request's live slot (mamba_state);

@@ -1,10 +1,10 @@
 """What our admission planned for each request, kept from match_prefix to its last checkpoint.
 
-SGLang matches a request when it schedules it (`match_prefix`), then calls `checkpoint` after
-prefill chunks and when the request finishes. The plan made at the match says where states
-are captured on the way (`positions`, handed to SGLang one at a time as
-`mamba_branching_seqlen`) and what of the finished sequence is expendable (`expendable_from`,
-see `CheckpointPlan`).
+SGLang matches a request each round it may schedule it (`match_prefix`), then calls
+`checkpoint` after prefill chunks and when the request finishes. The plan made at the match
+says where states are captured on the way (`positions`, handed to SGLang one at a time as
+`mamba_branching_seqlen`), what of the finished sequence is expendable (`expendable_from`,
+see `CheckpointPlan`), and which hit to count once the request is taken (`found`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from jenga_sglang.radix.contracts import CheckpointPlan
+from jenga_sglang.radix.match import MatchResult as TreeMatch
 from jenga_sglang.radix.tokens import TokenSeq
 
 #: Far more requests than a scheduler holds queued and running at once.
@@ -27,6 +28,9 @@ class Planned(NamedTuple):
     # at the end (outputs), so the prefix stays the request's.
     tokens: TokenSeq | None = None
     namespace: str | None = None  # the request's (binding/cache/namespaces.py)
+    # The match to count as the request's hit once SGLang takes it (backend.py `_taken`);
+    # None once counted
+    found: TreeMatch | None = None
 
     def tokens_up_to(self, n: int, ids: Sequence[int]) -> TokenSeq:
         """The request's first `n` tokens: the packed ones when they reach n, else `ids`."""

@@ -1,0 +1,91 @@
+"""A request SGLang leaves waiting is matched again every scheduling round: its hit is counted
+once, when the scheduler takes it (binding/cache/backend.py `_taken`), not once per match.
+
+Counted per match, the next turn of a chat, waiting for room, made the state it was about to
+resume from look superseded (one child, the last reply; hit) and eviction dropped that state
+first, so the turn ran from the checkpoint before it (bench/RESULTS.md, "A waiting request's
+hit, counted once")."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from tests.admission import lock_and_load_back
+from tests.mamba_session import Session, load_sg
+
+PROMPT = [1 + (i * 7) % 90 for i in range(60)]
+REPLY = [200 + i for i in range(8)]
+NEXT = PROMPT + [300 + i for i in range(30)]  # the next turn: the reply re-tokenized apart
+
+
+def _waiting_then_taken(s: Session, inp: list[int], rounds: int) -> Any:
+    """A request matched in `rounds` scheduling rounds that had no room for it (SGLang frees
+    the Mamba slot its match seeded), then taken as `Session.admit` takes one."""
+    sg = s.sg
+    s.rid += 1
+    req = sg.Req(
+        rid=str(s.rid),
+        origin_input_text="",
+        origin_input_ids=array("q", inp),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=8),
+    )
+    for _ in range(rounds):
+        req.init_next_round_input(s.cache)
+        if req.kv.mamba_pool_idx is not None:  # scheduler.py: not added, slot freed
+            s.pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+            req.kv.mamba_pool_idx = None
+        req.kv.mamba_cow_src_index = None
+    req.init_next_round_input(s.cache)
+    lock_and_load_back(s.cache, req)
+    sg.alloc_req_slots(s.pool, [req], s.cache)
+    if req.prefix_len:
+        prefix = s.cache.prefix_device_indices(req)
+        s.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
+    s.cache.maybe_hand_to_session(req)
+    return req
+
+
+def test_a_waiting_turn_is_counted_once_and_its_state_not_superseded() -> None:
+    s = Session(load_sg(), admission="jenga", prompt_end=True)
+    s.serve(PROMPT, REPLY)
+    resume = s.state_node(NEXT, len(PROMPT))
+    assert resume.state is not None and len(resume.children) == 1  # the reply below it
+
+    req = _waiting_then_taken(s, NEXT, rounds=3)
+    assert int(req.prefix_len) == len(PROMPT)
+    assert resume.hit_count == 1  # three waiting rounds and the admission: one hit
+    s.cache.maybe_hand_to_session(req)  # a later extend of the same request
+    assert resume.hit_count == 1
+    s.prefill(req, 400)
+    s.decode_and_finish(req, NEXT, [400, 401])
+    s.cache.cache.check_integrity()
+    assert s.cache.hit_tokens == len(PROMPT)
+
+
+def test_waiting_rounds_keep_the_hit_warm_without_counting_it() -> None:
+    """Between the rounds, before the scheduler takes it: the resume point has no hit, so the
+    eviction policy still expects it to be reused (a host tier demotes it, not drops it)."""
+    s = Session(load_sg(), admission="jenga", prompt_end=True)
+    s.serve(PROMPT, REPLY)
+    resume = s.state_node(NEXT, len(PROMPT))
+    policy = s.cache.cache.tree.policy
+    before = resume.last_access
+    sg = s.sg
+    req = sg.Req(
+        rid="waiting",
+        origin_input_text="",
+        origin_input_ids=array("q", NEXT),
+        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=8),
+    )
+    for _ in range(3):
+        req.init_next_round_input(s.cache)
+        assert int(req.prefix_len) == len(PROMPT)
+        if req.kv.mamba_pool_idx is not None:
+            s.pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+            req.kv.mamba_pool_idx = None
+        req.kv.mamba_cow_src_index = None
+    assert resume.hit_count == 0
+    assert not policy.is_superseded(resume)
+    assert policy.expects_reuse(resume)
+    assert resume.last_access > before  # warmed: SGLang keeps a waiting prefix recent too
