@@ -19,9 +19,9 @@ REPLY = [200 + i for i in range(8)]
 NEXT = PROMPT + [300 + i for i in range(30)]  # the next turn: the reply re-tokenized apart
 
 
-def _waiting_then_taken(s: Session, inp: list[int], rounds: int) -> Any:
-    """A request matched in `rounds` scheduling rounds that had no room for it (SGLang frees
-    the Mamba slot its match seeded), then taken as `Session.admit` takes one."""
+def _waiting(s: Session, inp: list[int], rounds: int) -> Any:
+    """A new request matched in `rounds` scheduling rounds that had no room for it: each
+    round SGLang frees the Mamba slot its match seeded (scheduler.py, "not added")."""
     sg = s.sg
     s.rid += 1
     req = sg.Req(
@@ -32,18 +32,23 @@ def _waiting_then_taken(s: Session, inp: list[int], rounds: int) -> Any:
     )
     for _ in range(rounds):
         req.init_next_round_input(s.cache)
-        if req.kv.mamba_pool_idx is not None:  # scheduler.py: not added, slot freed
+        assert int(req.prefix_len) == len(PROMPT)
+        if req.kv.mamba_pool_idx is not None:
             s.pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
             req.kv.mamba_pool_idx = None
         req.kv.mamba_cow_src_index = None
+    return req
+
+
+def _taken(s: Session, req: Any) -> None:
+    """The round that takes `req`, as `Session.admit` takes a request."""
     req.init_next_round_input(s.cache)
     lock_and_load_back(s.cache, req)
-    sg.alloc_req_slots(s.pool, [req], s.cache)
+    s.sg.alloc_req_slots(s.pool, [req], s.cache)
     if req.prefix_len:
         prefix = s.cache.prefix_device_indices(req)
         s.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
     s.cache.maybe_hand_to_session(req)
-    return req
 
 
 def test_a_waiting_turn_is_counted_once_and_its_state_not_superseded() -> None:
@@ -52,7 +57,8 @@ def test_a_waiting_turn_is_counted_once_and_its_state_not_superseded() -> None:
     resume = s.state_node(NEXT, len(PROMPT))
     assert resume.state is not None and len(resume.children) == 1  # the reply below it
 
-    req = _waiting_then_taken(s, NEXT, rounds=3)
+    req = _waiting(s, NEXT, rounds=3)
+    _taken(s, req)
     assert int(req.prefix_len) == len(PROMPT)
     assert resume.hit_count == 1  # three waiting rounds and the admission: one hit
     s.cache.maybe_hand_to_session(req)  # a later extend of the same request
@@ -71,20 +77,7 @@ def test_waiting_rounds_keep_the_hit_warm_without_counting_it() -> None:
     resume = s.state_node(NEXT, len(PROMPT))
     policy = s.cache.cache.tree.policy
     before = resume.last_access
-    sg = s.sg
-    req = sg.Req(
-        rid="waiting",
-        origin_input_text="",
-        origin_input_ids=array("q", NEXT),
-        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=8),
-    )
-    for _ in range(3):
-        req.init_next_round_input(s.cache)
-        assert int(req.prefix_len) == len(PROMPT)
-        if req.kv.mamba_pool_idx is not None:
-            s.pool.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(-1))
-            req.kv.mamba_pool_idx = None
-        req.kv.mamba_cow_src_index = None
+    _waiting(s, NEXT, rounds=3)
     assert resume.hit_count == 0
     assert not policy.is_superseded(resume)
     assert policy.expects_reuse(resume)
