@@ -227,25 +227,32 @@ class Session:
     # ------------------------------------------------------------------ serving
 
     def admit(self, inp: Sequence[int], max_new: int, **fields: Any) -> Any:
-        """A new `Req` (`fields`: more of its constructor's arguments, e.g. `cache_salt`,
-        `lora_id`, `extra_key`), matched, locked and given its slots."""
-        sg = self.sg
+        """A new `Req` (`fields`: as `request`'s), matched, locked and given its slots."""
+        req = self.request(inp, max_new, **fields)
+        self.take(req)
+        return req
+
+    def request(self, inp: Sequence[int], max_new: int, **fields: Any) -> Any:
+        """A new `Req`, not matched yet (`fields`: more of its constructor's arguments, e.g.
+        `cache_salt`, `lora_id`, `extra_key`)."""
         self.rid += 1
-        req = sg.Req(
+        return self.sg.Req(
             rid=str(self.rid),
             origin_input_text="",
             origin_input_ids=array("q", inp),
-            sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
+            sampling_params=self.sg.SamplingParams(temperature=0, max_new_tokens=max(1, max_new)),
             **fields,
         )
+
+    def take(self, req: Any) -> None:
+        """The scheduling round that admits `req`: matched, locked and given its slots."""
         req.init_next_round_input(self.cache)  # match_prefix(cow_mamba=True, req=req)
         lock_and_load_back(self.cache, req)
-        sg.alloc_req_slots(self.pool, [req], self.cache)
+        self.sg.alloc_req_slots(self.pool, [req], self.cache)
         if req.prefix_len:  # alloc_for_extend: the prefix off the tree into the row
             prefix = self.cache.prefix_device_indices(req)
             self.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
         self.cache.maybe_hand_to_session(req)  # alloc_for_extend's, once the row is written
-        return req
 
     def prefill(
         self,

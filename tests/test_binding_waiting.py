@@ -8,10 +8,8 @@ hit, counted once")."""
 
 from __future__ import annotations
 
-from array import array
 from typing import Any
 
-from tests.admission import lock_and_load_back
 from tests.mamba_session import Session, load_sg
 
 PROMPT = [1 + (i * 7) % 90 for i in range(60)]
@@ -22,14 +20,7 @@ NEXT = PROMPT + [300 + i for i in range(30)]  # the next turn: the reply re-toke
 def _waiting(s: Session, inp: list[int], rounds: int) -> Any:
     """A new request matched in `rounds` scheduling rounds that had no room for it: each
     round SGLang frees the Mamba slot its match seeded (scheduler.py, "not added")."""
-    sg = s.sg
-    s.rid += 1
-    req = sg.Req(
-        rid=str(s.rid),
-        origin_input_text="",
-        origin_input_ids=array("q", inp),
-        sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=8),
-    )
+    req = s.request(inp, 8)
     for _ in range(rounds):
         req.init_next_round_input(s.cache)
         assert int(req.prefix_len) == len(PROMPT)
@@ -40,17 +31,6 @@ def _waiting(s: Session, inp: list[int], rounds: int) -> Any:
     return req
 
 
-def _taken(s: Session, req: Any) -> None:
-    """The round that takes `req`, as `Session.admit` takes a request."""
-    req.init_next_round_input(s.cache)
-    lock_and_load_back(s.cache, req)
-    s.sg.alloc_req_slots(s.pool, [req], s.cache)
-    if req.prefix_len:
-        prefix = s.cache.prefix_device_indices(req)
-        s.pool.write((req.kv.req_pool_idx, slice(0, int(req.prefix_len))), prefix)
-    s.cache.maybe_hand_to_session(req)
-
-
 def test_a_waiting_turn_is_counted_once_and_its_state_not_superseded() -> None:
     s = Session(load_sg(), admission="jenga", prompt_end=True)
     s.serve(PROMPT, REPLY)
@@ -58,7 +38,7 @@ def test_a_waiting_turn_is_counted_once_and_its_state_not_superseded() -> None:
     assert resume.state is not None and len(resume.children) == 1  # the reply below it
 
     req = _waiting(s, NEXT, rounds=3)
-    _taken(s, req)
+    s.take(req)
     assert int(req.prefix_len) == len(PROMPT)
     assert resume.hit_count == 1  # three waiting rounds and the admission: one hit
     s.cache.maybe_hand_to_session(req)  # a later extend of the same request
