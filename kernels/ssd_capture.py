@@ -13,22 +13,30 @@ scan's state entering the chunk (``s`` on a chunk boundary), the row's initial s
 the row's first token) or zero. Nothing is recomputed: ``dt`` and ``cs`` are the scan's own
 tensors, so the capture uses the exact step sizes the prefill used.
 
-One launch serves every capture of a layer: grid (capture, head, state tile). Accumulation is
-fp32; float32 operands go through the tensor cores as ``tf32x3`` by default (three TF32 products,
-close to fp32: the scan's own float32 dots use plain TF32), bf16/fp16 inputs are widened to
-float32 first so only the inputs' own rounding remains.
+One launch serves every capture of a layer: grid (chain, head, state tile). The captures that
+start from one state (one chunk, several checkpoints in it) form a chain: its program reads the
+start state and each token once, and stores the running state at every capture's end, which
+is ``h_j = exp(cs_j - cs_{j-1}) * h_{j-1} + X_(j-1, j]^T diag(w) B`` with ``w`` decayed to the
+j-th end. The capture is latency-bound, not bandwidth-bound (an H200 runs it no faster than an
+H100), so what counts is dependent memory round trips per program: chains removed 24 % of the
+time at 126 captures in 8k tokens (bench/RESULTS.md). Accumulation is fp32; float32 operands go
+through the tensor cores as ``tf32x3`` by default (three TF32 products, close to fp32: the
+scan's own float32 dots use plain TF32), bf16/fp16 inputs are widened to float32 first so only
+the inputs' own rounding remains.
 
 The tile is autotuned per (head dim, state size) on the first launch, among the three of least
-geometric-mean time over three packings in a 24-config sweep on an H100 at Nemotron-H-8B's
-shapes (scripts/capture_tiles.py, bench/RESULTS.md): 16 tokens per step, the loop being
-latency-bound, so programs in flight count most; the fastest caps registers at 128 (four
-programs per SM) and takes ``mma.sync`` (32 rows, below ``wgmma``'s 64). Re-running a launch
+geometric-mean time over three packings in an 18-config sweep of the chained kernel on an H200
+at Nemotron-H-8B's shapes (scripts/capture_tiles.py, bench/RESULTS.md): 16 tokens per step;
+the fastest caps registers at 128 (four programs per SM) and takes ``mma.sync`` (32 rows, below
+``wgmma``'s 64); tiles spanning two heads (sharing B) were 1.5-2.5x slower. Re-running a launch
 rewrites the same values, so the tuner's trial runs on the live pool are harmless.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import triton
@@ -57,8 +65,9 @@ PRECISIONS = ("tf32x3", "tf32", "ieee")
 TILES = [
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 16}, num_warps=4, num_stages=2,
                   maxnreg=128),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}, num_warps=4, num_stages=2,
+                  maxnreg=128),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 16}, num_warps=4, num_stages=2),
 ]  # fmt: skip
 
 
@@ -68,6 +77,7 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     chunk_states,
     row_states,
     out,
+    chains,
     chunk_src,
     row_src,
     dst_idx,
@@ -104,7 +114,10 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    cap = tl.program_id(0)
+    # Program: one chain of captures (``chains[g]`` to ``chains[g + 1]``: one start state, one
+    # chunk, ascending token counts), one head, one state tile. The chain reads its start state
+    # and each token once and stores the running state at every capture's end.
+    g = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
     offs_m = (tl.program_id(2) // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -114,62 +127,69 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
     mask_n = offs_n < dstate
     tile = mask_m[:, None] & mask_n[None, :]
 
-    start = tl.load(tok_start + cap).to(tl.int64)
-    count = tl.load(n_tok + cap).to(tl.int64)
-    c = start // chunk  # every token of the capture lies in this chunk (launcher's contract)
+    j0 = tl.load(chains + g)
+    j1 = tl.load(chains + g + 1)
+    start = tl.load(tok_start + j0).to(tl.int64)
+    c = start // chunk  # every token of the chain lies in this chunk (launcher's contract)
     first = start - c * chunk
-    last = first + count  # local positions [first, last)
     dt_base = dt + head * s_dt_h + c * s_dt_c
     cs_base = cs + head * s_cum_h + c * s_cum_c
-    cs_end = tl.load(cs_base + (last - 1) * s_cum_l, mask=last > 0, other=0.0).to(tl.float32)
-    cs_before = tl.load(cs_base + (first - 1) * s_cum_l, mask=first > 0, other=0.0)
+    cs_done = tl.load(cs_base + (first - 1) * s_cum_l, mask=first > 0, other=0.0).to(tl.float32)
 
     # The start state first (a chunk's from the scan, a row's initial state, or none; masked
     # loads), so its read is in flight while the tokens stream in.
-    k_src = tl.load(chunk_src + cap).to(tl.int64)
-    r_src = tl.load(row_src + cap).to(tl.int64)
+    k_src = tl.load(chunk_src + j0).to(tl.int64)
+    r_src = tl.load(row_src + j0).to(tl.int64)
     # A head's state is one contiguous (headdim, dstate) block in every state tensor (the
-    # launcher checks it): tile offsets are compile-time constants, which keeps the address
-    # registers down (172 -> 138 per thread on sm_90, one more program per SM).
+    # launcher checks it): tile offsets are compile-time constants, fewer address registers.
     s_tile = offs_m[:, None] * dstate + offs_n[None, :]
-    h0 = tl.load(
+    acc = tl.load(
         chunk_states + tl.maximum(k_src, 0) * s_cs_c + head * s_cs_h + s_tile,
         mask=tile & (k_src >= 0),
         other=0.0,
     ).to(tl.float32)
-    h0 += tl.load(
+    acc += tl.load(
         row_states + tl.maximum(r_src, 0) * s_rs_r + head * s_rs_h + s_tile,
         mask=tile & (r_src >= 0),
         other=0.0,
     ).to(tl.float32)
-    acc = h0 * tl.exp(cs_end - cs_before.to(tl.float32))
     x_base = x + head * s_x_h + offs_m[:, None] * s_x_p
     b_base = b + (head // heads_per_group) * s_b_g + offs_n[None, :] * s_b_n
-    for k0 in range(first, last, BLOCK_K):
-        local = k0 + offs_k
-        in_range = local < last
-        tok = c * chunk + local
-        x_mask = mask_m[:, None] & in_range[None, :]
-        xv = tl.load(x_base + tok[None, :] * s_x_t, mask=x_mask, other=0.0).to(tl.float32)
-        b_mask = in_range[:, None] & mask_n[None, :]
-        bv = tl.load(b_base + tok[:, None] * s_b_t, mask=b_mask, other=0.0).to(tl.float32)
-        cs_t = tl.load(cs_base + local * s_cum_l, mask=in_range, other=0.0).to(tl.float32)
-        dt_t = tl.load(dt_base + local * s_dt_l, mask=in_range, other=0.0).to(tl.float32)
-        w = tl.where(in_range, tl.exp(cs_end - cs_t) * dt_t, 0.0)
-        acc += tl.dot(xv, bv * w[:, None], input_precision=PRECISION)
-
-    dst = tl.load(dst_idx + cap).to(tl.int64)
-    tl.store(out + dst * s_o_slot + head * s_o_h + s_tile, acc.to(out.dtype.element_ty), mask=tile)
+    done = first  # local position of the next token to apply
+    for j in range(j0, j1):
+        last = first + tl.load(n_tok + j).to(tl.int64)  # local positions [first, last)
+        cs_end = tl.load(cs_base + (last - 1) * s_cum_l, mask=last > 0, other=0.0)
+        cs_end = cs_end.to(tl.float32)
+        acc = acc * tl.exp(cs_end - cs_done)
+        for k0 in range(done, last, BLOCK_K):
+            local = k0 + offs_k
+            in_range = local < last
+            tok = c * chunk + local
+            x_mask = mask_m[:, None] & in_range[None, :]
+            xv = tl.load(x_base + tok[None, :] * s_x_t, mask=x_mask, other=0.0).to(tl.float32)
+            b_mask = in_range[:, None] & mask_n[None, :]
+            bv = tl.load(b_base + tok[:, None] * s_b_t, mask=b_mask, other=0.0).to(tl.float32)
+            cs_t = tl.load(cs_base + local * s_cum_l, mask=in_range, other=0.0).to(tl.float32)
+            dt_t = tl.load(dt_base + local * s_dt_l, mask=in_range, other=0.0).to(tl.float32)
+            w = tl.where(in_range, tl.exp(cs_end - cs_t) * dt_t, 0.0)
+            acc += tl.dot(xv, bv * w[:, None], input_precision=PRECISION)
+        dst = tl.load(dst_idx + j).to(tl.int64)
+        o_ptr = out + dst * s_o_slot + head * s_o_h + s_tile
+        tl.store(o_ptr, acc.to(out.dtype.element_ty), mask=tile)
+        done = last
+        cs_done = cs_end
 
 
 @dataclass(frozen=True)
 class SsdCaptures:
-    """One launch's captures, one entry per capture (1-D int tensors of one length).
+    """One launch's captures, one entry per capture (1-D int tensors of one length), in chains.
 
     ``chunk_src[i]``: chunk whose entering state starts it, or ``NO_STATE``; ``row_src[i]``: row
     whose initial state starts it, or ``NO_STATE`` (at most one of the two is set; neither: the
     zero state); ``dst[i]``: slot of ``out`` (distinct); ``start[i]``, ``count[i]``: the packed
-    tokens ``[start, start + count)`` applied, inside one chunk.
+    tokens ``[start, start + count)`` applied, inside one chunk. ``chains``: where each chain
+    begins, then the number of captures; the captures of one chain share their start state and
+    ``start`` and come in ascending ``count`` (``chain_order`` orders them so).
     """
 
     chunk_src: torch.Tensor
@@ -177,6 +197,25 @@ class SsdCaptures:
     dst: torch.Tensor
     start: torch.Tensor
     count: torch.Tensor
+    chains: torch.Tensor
+
+
+def chain_order(
+    chunk_src: Sequence[int], row_src: Sequence[int], start: Sequence[int], count: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """(order, chains): the captures reordered into chains (``order[k]`` is the k-th capture
+    launched) and the chains' offsets into that order, as ``SsdCaptures`` takes them. Captures
+    of one start state and start (one chunk) form one chain, so a program reads that state
+    and each token once for all of them."""
+    order = sorted(range(len(start)), key=lambda i: (start[i], chunk_src[i], row_src[i], count[i]))
+    chains = [0]
+    for k in range(1, len(order)):
+        i, prev = order[k], order[k - 1]
+        if (start[i], chunk_src[i], row_src[i]) != (start[prev], chunk_src[prev], row_src[prev]):
+            chains.append(k)
+    if order:
+        chains.append(len(order))
+    return order, chains
 
 
 def check_ssd_captures(
@@ -185,6 +224,7 @@ def check_ssd_captures(
     dst: list[int],
     start: list[int],
     count: list[int],
+    chains: list[int],
     sizes: tuple[int, int, int],
     tokens: int,
     chunk: int,
@@ -208,6 +248,22 @@ def check_ssd_captures(
             f"capture {i}: tokens [{s}, {s + c}) cross a boundary of chunk {chunk}",
         )
         require(k == NO_STATE or s == k * chunk, f"capture {i}: chunk {k} state but start {s}")
+    _check_chains(chunk_src, row_src, start, count, chains)
+
+
+def _check_chains(
+    chunk_src: list[int], row_src: list[int], start: list[int], count: list[int], chains: list[int]
+) -> None:
+    n = len(start)
+    require(
+        chains[:1] == [0] and chains[-1] == n and all(a < b for a, b in pairwise(chains)),
+        f"chains: expected ascending offsets from 0 to {n}, got {chains[:8]}",
+    )
+    for a, b in pairwise(chains):
+        for i in range(a + 1, b):
+            same = (chunk_src[i], row_src[i], start[i]) == (chunk_src[a], row_src[a], start[a])
+            require(same, f"capture {i}: not the start state and start of its chain's first {a}")
+            require(count[i] >= count[i - 1], f"capture {i}: count below its chain predecessor's")
 
 
 def _check_tensors(
@@ -270,9 +326,10 @@ def capture_ssd_states(
     if not checked:
         names = ("chunk_src", "row_src", "dst", "start", "count")
         k_src, r_src, dst, start, count = (index_list(k, getattr(caps, k), n) for k in names)
+        chains = index_list("chains", caps.chains, caps.chains.numel())
         rows = row_states.shape[0] if row_states is not None else 0
         sizes = (chunk_states.shape[0], rows, out.shape[0])
-        check_ssd_captures(k_src, r_src, dst, start, count, sizes, x.shape[0], chunk)
+        check_ssd_captures(k_src, r_src, dst, start, count, chains, sizes, x.shape[0], chunk)
         if out.untyped_storage().data_ptr() == chunk_states.untyped_storage().data_ptr():
             raise ValueError("out shares storage with chunk_states")
     if n == 0:
@@ -282,12 +339,12 @@ def capture_ssd_states(
 
     def grid(meta: dict[str, int]) -> tuple[int, int, int]:
         m, k = triton.cdiv(headdim, meta["BLOCK_M"]), triton.cdiv(dstate, meta["BLOCK_N"])
-        return (n, nheads, m * k)
+        return (caps.chains.numel() - 1, nheads, m * k)
 
     rows_t = row_states if row_states is not None else chunk_states
     _ssd_capture_kernel[grid](
         chunk_states, rows_t, out,
-        caps.chunk_src, caps.row_src, caps.dst, caps.start, caps.count,
+        caps.chains, caps.chunk_src, caps.row_src, caps.dst, caps.start, caps.count,
         x, b, dt, cs,
         *chunk_states.stride()[:2], *rows_t.stride()[:2], *out.stride()[:2],
         *x.stride(), *b.stride(), *dt.stride(), *cs.stride(),

@@ -1,11 +1,11 @@
 """Sweep the capture kernels' launch configurations on a GPU (no SGLang needed beyond .gpu/).
 
-kernels/ssd_capture.py and kernels/gdn_capture.py autotune among two tiles each. This times
-every configuration of a wider grid (tile sizes, warps, pipeline stages) and each dot precision
-at kernel_bench's packings, one configuration at a time, so a change of TILES or of the default
-precision rests on measurements. One JSON object per (kind, packing, config) on stdout, the best
-per packing on stderr; ``--out FILE`` writes the three configs of least geometric-mean time over
-the packings, per kind, which ``kernel_bench --tiles FILE`` then times.
+kernels/ssd_capture.py and kernels/gdn_capture.py autotune among a few tiles each. This times
+every configuration of a wider grid (``GRIDS``: tiles, warps, pipeline stages) and each dot
+precision at kernel_bench's packings, one configuration at a time, so a change of TILES or of
+the default precision rests on measurements. One JSON object per (kind, packing, config) on
+stdout, the best per packing on stderr; ``--out FILE`` writes the three configs of least
+geometric-mean time over the packings, per kind, which ``kernel_bench --tiles FILE`` then times.
 
     scripts/sglang-gpu-ops.sh .gpu                                  # where SGLang is installed
     PYTHONPATH=.:.gpu python scripts/capture_tiles.py [--kinds mamba2,gdn] [--out tiles.json]
@@ -33,11 +33,19 @@ PACKINGS = ((8, 1024, 16), (8, 1024, 127), (64, 128, 64))
 TILE_NAMES = {"mamba2": ("BLOCK_M", "BLOCK_N", "BLOCK_K"), "gdn": ("BLOCK_V", "BLOCK_K", "BLOCK_T")}
 
 
-def grid(names: tuple[str, str, str]) -> Iterator[triton.Config]:
-    """(rows, cols) tiles x warps x stages at 16 tokens per step (32 and 64 lost everywhere in
+#: (rows, cols, warps, stages) swept per kind. Mamba2's as its last sweep ran them (H200,
+#: 2026-11-29): two stages had won the one before; 128 rows is masked past a 64-dim head.
+GRIDS = {
+    "mamba2": ((32, 64, 128), (64, 128), (4, 8), (2,)),
+    "gdn": ((32, 64), (64, 128), (4, 8), (2, 3)),
+}
+
+
+def grid(kind: str) -> Iterator[triton.Config]:
+    """The kind's tiles x warps x stages at 16 tokens per step (32 and 64 lost everywhere in
     the first sweep), the 4-warp ones also capped at 128 registers (4 programs per SM)."""
-    rows, cols, toks = names
-    for m, n, warps, stages in itertools.product((32, 64), (64, 128), (4, 8), (2, 3)):
+    rows, cols, toks = TILE_NAMES[kind]
+    for m, n, warps, stages in itertools.product(*GRIDS[kind]):
         tile = {rows: m, cols: n, toks: 16}
         yield triton.Config(tile, num_warps=warps, num_stages=stages)
         if warps == 4:
@@ -56,7 +64,7 @@ def sweep(
     tiles = list(kernel.configs)
     timed: list[tuple[float, triton.Config]] = []
     seen: set[str] = set()
-    for cfg in [*tiles, *grid(TILE_NAMES[kind])]:
+    for cfg in [*tiles, *grid(kind)]:
         if str(cfg) in seen:
             continue
         seen.add(str(cfg))

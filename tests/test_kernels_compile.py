@@ -65,7 +65,8 @@ def _ssd(arch: int, act: str, precision: str) -> set[str]:
 
     pointers = {n: f"*{act}" for n in ("x", "b")}
     pointers |= {n: "*fp32" for n in ("chunk_states", "row_states", "out", "dt", "cs")}
-    pointers |= {n: "*i64" for n in ("chunk_src", "row_src", "dst_idx", "tok_start", "n_tok")}
+    pointers |= {n: "*i64" for n in ("chains", "chunk_src", "row_src", "dst_idx", "tok_start")}
+    pointers |= {"n_tok": "*i64"}
     shapes = {"headdim": 64, "dstate": 128}  # Nemotron-H-8B's
     return _tuned(_ssd_capture_kernel, pointers, {"PRECISION": precision, **shapes}, arch)
 

@@ -10,6 +10,7 @@ prefix alone. Triton interpreter on CPU.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,12 @@ import triton_cpu  # noqa: F401  (interpreter patches before the kernels import 
 
 from jenga_sglang.binding.cache.captures import Capture
 from jenga_sglang.binding.capture.geometry import Geometry, plan_mamba2
-from jenga_sglang.kernels.ssd_capture import NO_STATE, SsdCaptures, capture_ssd_states
+from jenga_sglang.kernels.ssd_capture import (
+    NO_STATE,
+    SsdCaptures,
+    capture_ssd_states,
+    chain_order,
+)
 
 pytestmark = [pytest.mark.exactness, pytest.mark.sglang]
 
@@ -129,7 +135,7 @@ def launch(geo: Geometry, dtype: torch.dtype, out: torch.Tensor, **kw: Any) -> N
     batch = make_batch(dtype)
     dt, cumsum, states, _ = full_scan(dtype)
     caps = SsdCaptures(*(torch.tensor(v) for v in (
-        geo.chunk_src, geo.row_src, geo.dst, geo.ssm_start, geo.ssm_count
+        geo.chunk_src, geo.row_src, geo.dst, geo.ssm_start, geo.ssm_count, geo.ssm_chains
     )))  # fmt: skip
     capture_ssd_states(states, batch.init, out, batch.x, batch.b, dt, cumsum, caps, **kw)
 
@@ -198,13 +204,39 @@ def test_other_slots_and_bf16_slots() -> None:
         assert (out[cap.slot].double() - want).abs().max() <= 0.01 * want.abs().max(), cap
 
 
+def test_head_strided_pool_and_chains() -> None:
+    """A pool whose heads are not packed (padding between them) takes the runtime head stride,
+    and chains of several captures per chunk write every member."""
+    caps = every_position()
+    geo = plan_mamba2(caps, list(PREFIX), list(ROWS), CHUNK, len(caps))
+    chains = geo.ssm_chains
+    assert len(chains) - 1 < len(caps)
+    assert max(b - a for a, b in itertools.pairwise(chains)) == CHUNK  # a whole chunk's chain
+    flat = torch.full((len(caps), H, P * N + 24), float("nan"))
+    out = flat[:, :, 24:].view(len(caps), H, P, N)
+    launch(geo, torch.float32, out)
+    batch = make_batch(torch.float32)
+    for cap in caps:
+        want = exact_states(batch, cap.row)[cap.offset]
+        assert (out[cap.slot].double() - want).abs().max() <= FP32_TOL, cap
+
+
+def test_chain_order() -> None:
+    # two captures of chunk 1, one of row 0's start state, one of chunk 1 at another start
+    order, chains = chain_order([1, NO_STATE, 1, 1], [NO_STATE, 0, NO_STATE, NO_STATE],
+                                [8, 0, 8, 8], [5, 3, 2, 0])  # fmt: skip
+    assert order == [1, 3, 2, 0] and chains == [0, 1, 4]
+    assert chain_order([], [], [], []) == ([], [0])
+
+
 def test_bad_arguments_raise_before_launching() -> None:
     batch = make_batch(torch.float32)
     dt, cumsum, states, _ = full_scan(torch.float32)
     out = torch.zeros(2, H, P, N)
 
     def caps(**over: list[int]) -> SsdCaptures:
-        v = {"chunk_src": [1], "row_src": [NO_STATE], "dst": [0], "start": [8], "count": [3]}
+        v = {"chunk_src": [1], "row_src": [NO_STATE], "dst": [0], "start": [8], "count": [3],
+             "chains": [0, 1]}  # fmt: skip
         v.update(over)
         return SsdCaptures(*(torch.tensor(v[k]) for k in v))
 
@@ -222,6 +254,13 @@ def test_bad_arguments_raise_before_launching() -> None:
         run(caps(dst=[2]))
     with pytest.raises(ValueError, match="precision"):
         run(caps(), precision="bf16")
+    with pytest.raises(ValueError, match="chains: expected ascending offsets"):
+        run(caps(chains=[0, 0, 1]))
+    two = {"chunk_src": [1, 1], "row_src": [NO_STATE] * 2, "dst": [0, 1], "start": [8, 8]}
+    with pytest.raises(ValueError, match="count below its chain predecessor"):
+        run(caps(**two, count=[3, 2], chains=[0, 2]))
+    with pytest.raises(ValueError, match="not the start state and start of its chain"):
+        run(caps(**two | {"chunk_src": [1, NO_STATE]}, count=[2, 3], chains=[0, 2]))
     with pytest.raises(ValueError, match="dA_cumsum"):
         capture_ssd_states(states, None, out, batch.x, batch.b, dt, cumsum[:, :1], caps())
     with pytest.raises(ValueError, match=r"out: each head's \(\d+, \d+\) state must be contiguous"):

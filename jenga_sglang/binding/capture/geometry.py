@@ -28,12 +28,12 @@ per-layer launches need no device sync.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jenga_sglang.binding.cache.captures import Capture
 from jenga_sglang.kernels.conv_gather import NO_INIT, check_conv_requests
 from jenga_sglang.kernels.gdn_capture import GDN_CHUNK, check_gdn_captures
-from jenga_sglang.kernels.ssd_capture import NO_STATE, check_ssd_captures
+from jenga_sglang.kernels.ssd_capture import NO_STATE, chain_order, check_ssd_captures
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Geometry:
     row_src: tuple[int, ...]  # Mamba2: row whose start state starts it, or NO_STATE
     ssm_start: tuple[int, ...]  # first packed token applied
     ssm_count: tuple[int, ...]  # tokens applied
+    ssm_chains: tuple[int, ...] = ()  # Mamba2: offsets of the chains (kernels/ssd_capture.py)
 
     @property
     def reads_row_states(self) -> bool:
@@ -87,7 +88,9 @@ def plan_mamba2(
     """Index lists for `captures` of a packed Mamba2 prefill with these rows (module doc).
 
     `slots` is the size of the Mamba pool's first dimension (destinations must lie in it).
-    Raises ValueError on an inconsistent capture (a bug upstream), before any launch.
+    The entries come in chain order (`chain_order`: captures of one start state side by side,
+    `ssm_chains` marking where each chain begins), not in the order of `captures`. Raises
+    ValueError on an inconsistent capture (a bug upstream), before any launch.
     """
     rows = _Rows(prefix_lens, extend_lens)
     starts = rows.starts
@@ -102,10 +105,12 @@ def plan_mamba2(
         else:
             own = cap.row if prefix_lens[cap.row] > 0 else NO_STATE
             ssm.append((NO_STATE, own, q, cap.offset))
-    geo = _with_conv(captures, rows, ssm, slots)
+    order, chains = chain_order(*_columns(ssm, 4))  # captures sharing a start state, chained
+    geo = _with_conv(tuple(captures[i] for i in order), rows, [ssm[i] for i in order], slots)
+    geo = replace(geo, ssm_chains=tuple(chains))
     check_ssd_captures(
         list(geo.chunk_src), list(geo.row_src), list(geo.dst), list(geo.ssm_start),
-        list(geo.ssm_count), (nchunks, len(extend_lens), slots), starts[-1], chunk,
+        list(geo.ssm_count), chains, (nchunks, len(extend_lens), slots), starts[-1], chunk,
     )  # fmt: skip
     return geo
 
