@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 NO_STATE = -1
 """``chunk_src`` / ``row_src`` value: not this source (both ``NO_STATE``: the zero state)."""
 
+CHAIN_FIELDS = ("chunk_src", "row_src", "start")
+"""``SsdCaptures``' fields given per chain (the others are per capture)."""
+
 PRECISIONS = ("tf32x3", "tf32", "ieee")
 
 
@@ -116,7 +119,9 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
 ):
     # Program: one chain of captures (``chains[g]`` to ``chains[g + 1]``: one start state, one
     # chunk, ascending token counts), one head, one state tile. The chain reads its start state
-    # and each token once and stores the running state at every capture's end.
+    # and each token once and stores the running state at every capture's end. Its start and
+    # source are indexed by the chain, not by its first capture: one dependent round trip less
+    # before the state and the tokens stream in (the kernel waits on memory, not bandwidth).
     g = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
@@ -129,7 +134,7 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
 
     j0 = tl.load(chains + g)
     j1 = tl.load(chains + g + 1)
-    start = tl.load(tok_start + j0).to(tl.int64)
+    start = tl.load(tok_start + g).to(tl.int64)
     c = start // chunk  # every token of the chain lies in this chunk (launcher's contract)
     first = start - c * chunk
     dt_base = dt + head * s_dt_h + c * s_dt_c
@@ -138,8 +143,8 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
 
     # The start state first (a chunk's from the scan, a row's initial state, or none; masked
     # loads), so its read is in flight while the tokens stream in.
-    k_src = tl.load(chunk_src + j0).to(tl.int64)
-    r_src = tl.load(row_src + j0).to(tl.int64)
+    k_src = tl.load(chunk_src + g).to(tl.int64)
+    r_src = tl.load(row_src + g).to(tl.int64)
     # A head's state is one contiguous (headdim, dstate) block in every state tensor (the
     # launcher checks it): tile offsets are compile-time constants, fewer address registers.
     s_tile = offs_m[:, None] * dstate + offs_n[None, :]
@@ -182,14 +187,16 @@ def _ssd_capture_kernel(  # type: ignore[no-untyped-def]
 
 @dataclass(frozen=True)
 class SsdCaptures:
-    """One launch's captures, one entry per capture (1-D int tensors of one length), in chains.
+    """One launch's captures in chains (1-D int64 tensors).
 
-    ``chunk_src[i]``: chunk whose entering state starts it, or ``NO_STATE``; ``row_src[i]``: row
-    whose initial state starts it, or ``NO_STATE`` (at most one of the two is set; neither: the
-    zero state); ``dst[i]``: slot of ``out`` (distinct); ``start[i]``, ``count[i]``: the packed
-    tokens ``[start, start + count)`` applied, inside one chunk. ``chains``: where each chain
-    begins, then the number of captures; the captures of one chain share their start state and
-    ``start`` and come in ascending ``count`` (``chain_order`` orders them so).
+    Captures that start from one state form a chain (``chain_order`` makes them): ``chains``
+    holds where each chain begins among the captures, then their number. Per chain:
+    ``chunk_src[g]``, the chunk whose entering state starts it, or ``NO_STATE``; ``row_src[g]``,
+    the row whose initial state starts it, or ``NO_STATE`` (at most one of the two is set;
+    neither: the zero state); ``start[g]``, its first packed token. Per capture, in chain order:
+    ``dst[i]``, the slot of ``out`` (distinct); ``count[i]``, the tokens ``[start, start +
+    count)`` it applies, inside one chunk, ascending within a chain. ``of`` builds them from the
+    geometry's per-capture lists.
     """
 
     chunk_src: torch.Tensor
@@ -198,6 +205,28 @@ class SsdCaptures:
     start: torch.Tensor
     count: torch.Tensor
     chains: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        chunk_src: Sequence[int],
+        row_src: Sequence[int],
+        start: Sequence[int],
+        count: Sequence[int],
+        chains: Sequence[int],
+        dst: torch.Tensor,
+    ) -> SsdCaptures:
+        """From per-capture host lists in chain order (``chain_order``; the binding's
+        geometry) and the destinations, on ``dst``'s device (copied without a sync)."""
+        import torch
+
+        def ids(values: Sequence[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64).to(dst.device, non_blocking=True)
+
+        heads = chains[:-1]
+        per_chain = (ids([v[a] for a in heads]) for v in (chunk_src, row_src, start))
+        k_src, r_src, first = per_chain
+        return cls(k_src, r_src, dst, first, ids(count), ids(chains))
 
 
 def chain_order(
@@ -324,9 +353,16 @@ def capture_ssd_states(
     n = caps.dst.numel()
     chunk = dt.shape[2]
     if not checked:
-        names = ("chunk_src", "row_src", "dst", "start", "count")
-        k_src, r_src, dst, start, count = (index_list(k, getattr(caps, k), n) for k in names)
         chains = index_list("chains", caps.chains, caps.chains.numel())
+        require(len(chains) >= 1, "chains: expected at least the captures' count")
+        g = len(chains) - 1
+        k_src, r_src, first = (index_list(k, getattr(caps, k), g) for k in CHAIN_FIELDS)
+        dst, count = (index_list(k, getattr(caps, k), n) for k in ("dst", "count"))
+        # per capture, as the host-side check takes them (a malformed `chains` fails there)
+        of_chain = [g_ for g_, (a, b) in enumerate(pairwise(chains)) for _ in range(a, b)]
+        if len(of_chain) != n:
+            raise ValueError(f"chains: expected ascending offsets from 0 to {n}, got {chains[:8]}")
+        k_src, r_src, start = ([v[c] for c in of_chain] for v in (k_src, r_src, first))
         rows = row_states.shape[0] if row_states is not None else 0
         sizes = (chunk_states.shape[0], rows, out.shape[0])
         check_ssd_captures(k_src, r_src, dst, start, count, chains, sizes, x.shape[0], chunk)

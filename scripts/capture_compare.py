@@ -9,6 +9,10 @@ kernels' tiles from a sweep, as ``kernel_bench --tiles``). One JSON object per (
     mkdir -p .gpu/old && for k in ssd_capture gdn_capture; do
         git show REV:kernels/$k.py > .gpu/old/$k.py; done                    # here
     PYTHONPATH=.:.gpu python scripts/capture_compare.py --old .gpu/old      # on the GPU
+
+The bench builds Mamba2 launches with ``SsdCaptures.of`` (kernels since 2026-11-29). An earlier
+ssd_capture.py needs that classmethod added to its copy in .gpu/old, building its own
+contract's tensors from the geometry's per-capture lists (bench/RESULTS.md, "Capture chains").
 """
 
 from __future__ import annotations

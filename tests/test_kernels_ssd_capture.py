@@ -25,6 +25,7 @@ from jenga_sglang.kernels.ssd_capture import (
     SsdCaptures,
     capture_ssd_states,
     chain_order,
+    check_ssd_captures,
 )
 
 pytestmark = [pytest.mark.exactness, pytest.mark.sglang]
@@ -134,9 +135,8 @@ def strided_pool(slots: int) -> torch.Tensor:
 def launch(geo: Geometry, dtype: torch.dtype, out: torch.Tensor, **kw: Any) -> None:
     batch = make_batch(dtype)
     dt, cumsum, states, _ = full_scan(dtype)
-    caps = SsdCaptures(*(torch.tensor(v) for v in (
-        geo.chunk_src, geo.row_src, geo.dst, geo.ssm_start, geo.ssm_count, geo.ssm_chains
-    )))  # fmt: skip
+    caps = SsdCaptures.of(geo.chunk_src, geo.row_src, geo.ssm_start, geo.ssm_count,
+                          geo.ssm_chains, torch.tensor(geo.dst))  # fmt: skip
     capture_ssd_states(states, batch.init, out, batch.x, batch.b, dt, cumsum, caps, **kw)
 
 
@@ -255,12 +255,14 @@ def test_bad_arguments_raise_before_launching() -> None:
     with pytest.raises(ValueError, match="precision"):
         run(caps(), precision="bf16")
     with pytest.raises(ValueError, match="chains: expected ascending offsets"):
-        run(caps(chains=[0, 0, 1]))
-    two = {"chunk_src": [1, 1], "row_src": [NO_STATE] * 2, "dst": [0, 1], "start": [8, 8]}
+        run(caps(chunk_src=[1, 1], row_src=[NO_STATE] * 2, start=[8, 8], chains=[0, 0, 1]))
+    with pytest.raises(ValueError, match="chains: expected ascending offsets"):
+        run(caps(chains=[0, 2]))
     with pytest.raises(ValueError, match="count below its chain predecessor"):
-        run(caps(**two, count=[3, 2], chains=[0, 2]))
+        run(caps(dst=[0, 1], count=[3, 2], chains=[0, 2]))
     with pytest.raises(ValueError, match="not the start state and start of its chain"):
-        run(caps(**two | {"chunk_src": [1, NO_STATE]}, count=[2, 3], chains=[0, 2]))
+        check_ssd_captures([1, NO_STATE], [NO_STATE] * 2, [0, 1], [8, 8], [2, 3], [0, 2],
+                           (3, 3, 2), 40, CHUNK)  # fmt: skip
     with pytest.raises(ValueError, match="dA_cumsum"):
         capture_ssd_states(states, None, out, batch.x, batch.b, dt, cumsum[:, :1], caps())
     with pytest.raises(ValueError, match=r"out: each head's \(\d+, \d+\) state must be contiguous"):

@@ -12,7 +12,7 @@ SGLang's scan of the prefix alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from jenga_sglang.binding.cache.captures import Capture
@@ -205,12 +205,8 @@ def our_launches(
         return torch.tensor(v, dtype=torch.int64, device=dev)
 
     conv_ix = [ids(v) for v in (geo.dst, geo.conv_start, geo.conv_count)]
-    columns = {
-        "chunk_src": geo.chunk_src, "row_src": geo.row_src, "dst": geo.dst,
-        "start": geo.ssm_start, "count": geo.ssm_count, "chains": geo.ssm_chains,
-    }  # fmt: skip
-    # by field name: scripts/capture_compare.py times kernels from before the chains too
-    ssd = SsdCaptures(**{f.name: ids(columns[f.name]) for f in fields(SsdCaptures)})
+    ssd = SsdCaptures.of(geo.chunk_src, geo.row_src, geo.ssm_start, geo.ssm_count,
+                         geo.ssm_chains, ids(geo.dst))  # fmt: skip
     seq_src = [k if k != NO_STATE else NO_SOURCE for k in geo.chunk_src]
     src, dst, start, count = (ids(v) for v in (seq_src, geo.dst, geo.ssm_start, geo.ssm_count))
     proc = DtProcessing(pf.dt_bias, True, *DT_LIMIT)

@@ -42,14 +42,10 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -
     live = metadata.mamba_cache_indices[: metadata.num_prefills]
 
     def ssm_of(dst: Any) -> SsdCaptures:
-        src, rows, start, count, chains = (
-            cf.device_ids(v, live.device)
-            for v in (
-                geometry.chunk_src, geometry.row_src, geometry.ssm_start, geometry.ssm_count,
-                geometry.ssm_chains,
-            )
+        return SsdCaptures.of(
+            geometry.chunk_src, geometry.row_src, geometry.ssm_start, geometry.ssm_count,
+            geometry.ssm_chains, dst,
         )  # fmt: skip
-        return SsdCaptures(src, rows, dst, start, count, chains)
 
     captures = cf.build(
         batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend), ssm_of
