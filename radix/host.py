@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from jenga_sglang.radix.tree import RadixTree
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class HostCopies(ABC):
     """The bytes of the tier's moves: called with both sides' pages while both are held, so
     the source is still intact and the destination already owned (each move's pages, in the
