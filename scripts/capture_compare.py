@@ -10,14 +10,15 @@ kernels' tiles from a sweep, as ``kernel_bench --tiles``). One JSON object per (
         git show REV:kernels/$k.py > .gpu/old/$k.py; done                    # here
     PYTHONPATH=.:.gpu python scripts/capture_compare.py --old .gpu/old      # on the GPU
 
-The bench builds Mamba2 launches with ``SsdCaptures.of`` (kernels since 2026-11-29). An earlier
-ssd_capture.py needs that classmethod added to its copy in .gpu/old, building its own
-contract's tensors from the geometry's per-capture lists (bench/RESULTS.md, "Capture chains").
+The bench builds Mamba2 launches with ``SsdCaptures.of`` (kernels since 2026-11-29); an
+earlier ssd_capture.py gets one here that fills its own fields, by name, with the geometry's
+per-capture lists (``with_of``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -44,6 +45,28 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
+def with_of(module: ModuleType) -> ModuleType:
+    """``module`` with ``SsdCaptures.of`` where it predates it: every field from the geometry's
+    per-capture list of that name (kernels before per-chain fields took them per capture)."""
+    caps = module.SsdCaptures
+    if hasattr(caps, "of"):
+        return module
+
+    def of(cls: Any, chunk_src: Any, row_src: Any, start: Any, count: Any, chains: Any,
+           dst: Any) -> Any:  # fmt: skip
+        lists = {"chunk_src": chunk_src, "row_src": row_src, "start": start, "count": count,
+                 "chains": chains}  # fmt: skip
+
+        def ids(values: Any) -> Any:
+            return torch.tensor(values, dtype=torch.int64, device=dst.device)
+
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: dst if n == "dst" else ids(lists[n]) for n in names})
+
+    caps.of = classmethod(of)
+    return module
+
+
 def built_with(kind: str, module: ModuleType, build: Callable[[], Any]) -> Any:
     """``build()`` with the earlier module standing in for the current one (the bench builders
     import the kernels' launchers when they run)."""
@@ -66,7 +89,7 @@ def main() -> int:
     if args.tiles is not None:
         kb.use_tiles(args.tiles)
     old = {
-        "mamba2": load(args.old / "ssd_capture.py", "old_ssd_capture"),
+        "mamba2": with_of(load(args.old / "ssd_capture.py", "old_ssd_capture")),
         "gdn": load(args.old / "gdn_capture.py", "old_gdn_capture"),
     }
     ms = kb.Timer("cuda", 0)

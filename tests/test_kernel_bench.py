@@ -137,13 +137,43 @@ def test_the_sweep_times_each_config_once_and_each_precision_on_its_own_launch(
     assert kernel.configs == default_tiles  # restored
 
 
+def test_the_compare_builds_an_earlier_kernels_captures_by_field_name() -> None:
+    """scripts/capture_compare.py gives a kernel module from before ``SsdCaptures.of`` one that
+    fills its own fields from the geometry's per-capture lists, and leaves a current one be."""
+    import dataclasses
+    import types
+
+    import torch
+
+    compare = _script("capture_compare")
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:  # the contract before chains: per capture, no `chains`
+        chunk_src: torch.Tensor
+        row_src: torch.Tensor
+        dst: torch.Tensor
+        start: torch.Tensor
+        count: torch.Tensor
+
+    old = compare.with_of(types.SimpleNamespace(SsdCaptures=Before))
+    dst = torch.tensor([5, 6])
+    caps = old.SsdCaptures.of([1, -1], [-1, 0], [8, 0], [3, 2], [0, 1, 2], dst)
+    assert caps.dst is dst and caps.start.tolist() == [8, 0] and caps.row_src.tolist() == [-1, 0]
+    from jenga_sglang.kernels import ssd_capture
+
+    current = types.SimpleNamespace(SsdCaptures=ssd_capture.SsdCaptures)
+    assert compare.with_of(current).SsdCaptures.of == ssd_capture.SsdCaptures.of
+
+
 def _capture_tiles() -> Any:
-    """scripts/capture_tiles.py as a module (scripts/ is not a package)."""
+    return _script("capture_tiles")
+
+
+def _script(name: str) -> Any:
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "capture_tiles", ROOT / "scripts/capture_tiles.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"scripts/{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
