@@ -62,3 +62,17 @@ def test_waiting_rounds_keep_the_hit_warm_without_counting_it() -> None:
     assert not policy.is_superseded(resume)
     assert policy.expects_reuse(resume)
     assert resume.last_access > before  # warmed: SGLang keeps a waiting prefix recent too
+
+
+def test_a_request_bound_without_prefix_device_indices_counts_its_hit_once() -> None:
+    """A PD decode worker binds a request's prefix itself and only then calls
+    `maybe_hand_to_session` (disaggregation/decode.py): the hit is counted there, once."""
+    s = Session(load_sg(), admission="jenga", prompt_end=True)
+    s.serve(PROMPT, REPLY)
+    before = s.cache.hit_tokens
+    req = _waiting(s, NEXT, rounds=2)
+    assert s.cache.hit_tokens == before  # matched, not taken
+    s.cache.maybe_hand_to_session(req)
+    s.cache.maybe_hand_to_session(req)
+    assert s.cache.hit_tokens == before + len(PROMPT)
+    assert s.state_node(NEXT, len(PROMPT)).hit_count == 1

@@ -241,17 +241,15 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
 
     def prefix_device_indices(self, req: Any) -> torch.Tensor:
         """SGLang reads an admitted request's prefix off the tree here, once per admission,
-        as it writes the request's row, so the hit is counted here: a waiting request is
-        matched again every scheduling round, and counting matches counted it each time."""
-        self.hit_tokens += int(req.prefix_len)
+        as it writes the request's row: the request is taken."""
         self._taken(req)
-        self.sync_metrics()
         return super().prefix_device_indices(req)  # type: ignore[no-any-return]
 
     def maybe_hand_to_session(self, req: Any) -> None:
-        """SGLang calls this for every request of an extend batch once its row is written:
-        the first call after a match is the request's admission (a request without a hit
-        reaches no `prefix_device_indices`)."""
+        """SGLang calls this for every request of an extend batch once its row is written,
+        and for a PD decode worker's request once its prefix is bound: the first call after
+        a match is the request's admission (a request without a hit reaches no
+        `prefix_device_indices`, a PD decode worker's none at all)."""
         self._taken(req)
         super().maybe_hand_to_session(req)
 
@@ -266,6 +264,8 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             assert planned.tokens is not None
             self.cache.admit(planned.tokens, planned.found, namespace=planned.namespace)
             self.plans.remember(req.rid, planned._replace(found=None))
+            self.hit_tokens += int(req.prefix_len)  # what SGLang bound: once per admission
+            self.sync_metrics()
 
     def init_load_back(self, params: InitLoadBackParams) -> tuple[int, Any] | None:
         """SGLang admitted a request whose match offered a host hit (`host_hit_length`,
