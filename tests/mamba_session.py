@@ -95,11 +95,13 @@ class Session:
         host_gb: float = 0.0,
         host_bw: float = 25.0,
         kv_size: int = 1024,
+        host_ratio: float = 0.0,
     ) -> None:
         """`int8_slots` > 0: `--enable-int8-mamba-checkpoint`, SGLang's int8 checkpoint pool
         of that many slots beside the Mamba pool (the tree's states live there);
         `radix_sessions`: `--enable-session-radix-cache`; `host_gb` > 0: `--jenga-host-gb`
-        (`host_bw`: `--jenga-host-bw`); `kv_size`: KV slots of the pool."""
+        (`host_bw`: `--jenga-host-bw`), `host_ratio` > 0: `--enable-hierarchical-cache` with
+        that `--hicache-ratio`; `kv_size`: KV slots of the pool."""
         from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
@@ -120,6 +122,7 @@ class Session:
                 enabled=True,
                 policy=replace(SERVER_POLICY, admission=admission, prompt_end=prompt_end),
                 host_gb=host_gb,
+                host_ratio=host_ratio,
                 host_bw=host_bw,
             ),
         )

@@ -154,6 +154,23 @@ def test_without_the_flag_the_same_turn_misses(sg: Any) -> None:
     assert hit == 0
 
 
+def test_a_ratio_sizes_the_tier_from_the_device_pools_bytes(sg: Any) -> None:
+    """`--enable-hierarchical-cache --hicache-ratio R` (binding/plugin.py): host memory is R
+    times the device bytes behind the cache's pools, the KV buffers and the Mamba states."""
+    from jenga_sglang.binding.host.copies import kv_buffers
+    from jenga_sglang.binding.host.tier import device_pool_bytes
+
+    s = KvSession(sg, admission="jenga", prompt_end=True, kv_size=300, host_ratio=1.5)
+    assert s.cache.host is not None
+    kv = s.alloc.get_kvcache()
+    full, state = kv.full_kv_pool, s.pool.mamba_pool.mamba_cache  # a hybrid model's pools
+    want = sum(t.numel() * t.element_size() for t in (*full.k_buffer, *full.v_buffer))
+    want += sum(t.numel() * t.element_size() for t in (*state.conv, state.temporal))
+    buffers = kv_buffers(kv, s.cache.slots.kv_type, None)
+    assert device_pool_bytes(buffers, s.pool) == want  # separate pools: every buffer counted
+    assert s.cache.host.memory.capacity_bytes == int(1.5 * want)
+
+
 def test_a_match_reports_the_host_hit_and_only_admission_loads_it(sg: Any) -> None:
     """Probes and the match a waiting request gets each round (cow_mamba on) report what the
     tier offers past the device hit as SGLang's `host_hit_length` and move nothing, so a

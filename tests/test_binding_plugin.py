@@ -89,7 +89,8 @@ def test_flags_reach_scheduler_process_and_conflicts_fail(tmp_path: Path) -> Non
     assert (
         "CHILD ('jenga', \"JengaOptions(enabled=True, policy=PolicyRecord(admission='jenga', "
         "eviction='flop-aware', alpha=0.5, tuner='sliding', prompt_end=False, ghost_tokens=1000, "
-        "lock_prefix=True), pool=True, capture='in-pass', host_gb=0.0, host_bw=25.0, "
+        "lock_prefix=True), pool=True, capture='in-pass', host_gb=0.0, host_ratio=0.0, "
+        "host_bw=25.0, "
         'prefill_tflops=494.5)", '
         "True, "
         "'sglang.srt.managers.schedule_policy', 'add_chunked_req', True)"
@@ -141,6 +142,39 @@ def test_every_refused_flag_fails_at_start_up_naming_itself_and_why(tmp_path: Pa
     assert len(errors) == len(cases), lines
     for (refusal, prefix), got in zip(cases, errors, strict=True):
         assert got == refusal_message(prefix, refusal)
+
+
+_HICACHE_PROBE = textwrap.dedent(
+    """
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+
+    for argv in ([], ["--hicache-size", "3"], ["--hicache-ratio", "1.5"],
+                 ["--hicache-storage-backend", "file"], ["--jenga-host-gb", "2"]):
+        try:
+            args = prepare_server_args(["--model-path", "dummy", "--enable-jenga",
+                                        "--enable-hierarchical-cache", *argv])
+            o = args._jenga_options
+            print("OK", args.enable_hierarchical_cache, o.host_gb, o.host_ratio)
+        except ValueError as exc:
+            print("ERROR", exc)
+    """
+)
+
+
+def test_hierarchical_cache_is_served_by_our_host_tier(tmp_path: Path) -> None:
+    """`--enable-jenga --enable-hierarchical-cache`: SGLang's HiCache is turned off and our
+    tier takes its place, sized by --hicache-size (GB) or --hicache-ratio (SGLang's default
+    2.0); what our tier cannot honour fails naming the flag."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(_HICACHE_PROBE)
+    out = _run([str(probe)], tmp_path)
+    lines = [line for line in out.splitlines() if line.startswith(("OK", "ERROR"))]
+    assert lines[:3] == ["OK False 0.0 2.0", "OK False 3.0 0.0", "OK False 0.0 1.5"], lines
+    assert "drop --hicache-storage-backend file" in lines[3], lines
+    assert "--jenga-host-gb and --enable-hierarchical-cache both size" in lines[4], lines
 
 
 _INT8_PROBE = textwrap.dedent(

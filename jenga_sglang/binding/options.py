@@ -76,7 +76,9 @@ class JengaOptions:
     next round goes on, binding/capture/prefill_cut.py); 'cut' is also what models whose state
     layers the in-pass hooks do not cover get.
     `host_gb` > 0 puts the live host tier under the tree (binding/host/), whose decisions weigh
-    loads over `host_bw` GB/s against recomputing at `prefill_tflops` TFLOP/s.
+    loads over `host_bw` GB/s against recomputing at `prefill_tflops` TFLOP/s; `host_ratio` > 0
+    sizes it instead as that multiple of the device pools' bytes (`--enable-hierarchical-cache`
+    with `--hicache-ratio` or SGLang's default ratio: `hicache_tier`).
     """
 
     enabled: bool = False
@@ -84,6 +86,7 @@ class JengaOptions:
     pool: bool = True
     capture: str = "in-pass"
     host_gb: float = 0.0
+    host_ratio: float = 0.0
     host_bw: float = 25.0
     prefill_tflops: float = 494.5
 
@@ -288,6 +291,7 @@ def check_conflicts(args: argparse.Namespace) -> None:
             f"(it selects --radix-cache-backend {BACKEND_NAME})"
         )
     check_disaggregation(args)
+    hicache_tier(args)
     if getattr(args, "jenga_pool", None) is False:
         return
     for refusal in WITH_POOL:
@@ -297,6 +301,40 @@ def check_conflicts(args: argparse.Namespace) -> None:
         backend = getattr(args, attr, None)
         if backend is not None and backend not in POOL_ATTENTION_BACKENDS:
             raise JengaFlagError(_unserved(f"conflicts with {flag} {backend}", flag))
+
+
+#: SGLang's host/device ratio for HiCache when neither --hicache-ratio nor --hicache-size is
+#: given (arg_groups/hicache_hook.py, host memory mode "cache").
+HICACHE_DEFAULT_RATIO = 2.0
+
+
+def hicache_tier(args: argparse.Namespace) -> tuple[float, float] | None:
+    """`--enable-hierarchical-cache` with `--enable-jenga`: our host tier stands in for SGLang's
+    HiCache, sized by SGLang's flags. (host GB, host/device ratio), one of them 0, or None
+    without the flag. Raises JengaFlagError for what our tier cannot honour."""
+    if not getattr(args, "enable_hierarchical_cache", False):
+        return None
+    storage = getattr(args, "hicache_storage_backend", None)
+    if storage is not None:
+        raise JengaFlagError(
+            f"--enable-jenga serves --enable-hierarchical-cache with its own host tier, which "
+            f"has no storage backend: drop --hicache-storage-backend {storage}"
+        )
+    if getattr(args, "hicache_host_memory_mode", "cache") == "buffer_only":
+        raise JengaFlagError(
+            "--enable-jenga serves --enable-hierarchical-cache with its own host tier, which "
+            "keeps what it holds: drop --hicache-host-memory-mode buffer_only"
+        )
+    if getattr(args, "jenga_host_gb", None) is not None:
+        raise JengaFlagError(
+            "--jenga-host-gb and --enable-hierarchical-cache both size the host tier under "
+            "--enable-jenga: give one (with HiCache's, --hicache-size or --hicache-ratio)"
+        )
+    size = float(getattr(args, "hicache_size", 0) or 0)
+    if size > 0:
+        return size, 0.0
+    ratio = getattr(args, "hicache_ratio", None)
+    return 0.0, float(ratio) if ratio is not None else HICACHE_DEFAULT_RATIO
 
 
 def check_disaggregation(args: argparse.Namespace) -> None:
@@ -381,6 +419,7 @@ def options_from_namespace(args: argparse.Namespace) -> JengaOptions:
         pool=getattr(args, "jenga_pool", None) is not False,
         capture=getattr(args, "jenga_capture", None) or "in-pass",
         host_gb=getattr(args, "jenga_host_gb", None) or 0.0,
+        host_ratio=getattr(args, "jenga_host_ratio", None) or 0.0,
         host_bw=getattr(args, "jenga_host_bw", None) or JengaOptions.host_bw,
         prefill_tflops=getattr(args, "jenga_prefill_tflops", None) or JengaOptions.prefill_tflops,
     )

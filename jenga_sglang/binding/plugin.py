@@ -47,6 +47,7 @@ from jenga_sglang.binding.options import (
     JENGA_ATTR,
     add_jenga_args,
     check_conflicts,
+    hicache_tier,
     options_from_namespace,
     pool_attention_default,
 )
@@ -64,6 +65,7 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
     check_conflicts(args)
     if getattr(args, "enable_jenga", False):
         args.radix_cache_backend = BACKEND_NAME
+        _hicache_to_our_tier(args)
     backend = pool_attention_default(args, _cuda_available())
     if backend is not None:
         args.attention_backend = backend
@@ -75,6 +77,23 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
             "--no-jenga-pool to use them.",
             backend,
         )
+
+
+def _hicache_to_our_tier(args: argparse.Namespace) -> None:
+    """`--enable-hierarchical-cache` asks for a host tier: ours, sized by HiCache's flags, and
+    SGLang's is turned off so the scheduler builds none of its controller around our tree."""
+    sized = hicache_tier(args)
+    if sized is None:
+        return
+    args.jenga_host_gb, args.jenga_host_ratio = sized
+    args.enable_hierarchical_cache = False
+    logger.warning(
+        "jenga: --enable-hierarchical-cache is served by jenga's host tier (%s; "
+        "docs/host-tier.md): it demotes what eviction would drop, FLOP-aware; "
+        "--hicache-write-policy, --hicache-io-backend and --hicache-mem-layout are SGLang "
+        "HiCache's and do not apply",
+        f"{sized[0]:g} GB" if sized[0] else f"{sized[1]:g}x the device pools",
+    )
 
 
 def _around_int8_check(original: Any, server_args: Any) -> Any:

@@ -47,12 +47,6 @@ WITH_JENGA: tuple[Refusal, ...] = (
         "it turns prefix caching off, which is what --enable-jenga does; drop one of the two",
     ),
     Refusal(
-        "enable_hierarchical_cache",
-        "--enable-hierarchical-cache",
-        "SGLang's HiCache moves the nodes of its own UnifiedRadixCache; our tree has its own "
-        "host tier, --jenga-host-gb (docs/host-tier.md)",
-    ),
-    Refusal(
         "enable_lmcache",
         "--enable-lmcache",
         "the scheduler drives LMCache's store and retrieve through SGLang's "

@@ -64,17 +64,34 @@ class Offer(NamedTuple):
 def attach_live_tier(
     cache: PrefixCache, slots: SglangSlots, spec: ModelSpec, options: JengaOptions
 ) -> HostTier | None:
-    """The host tier `options` ask for under `cache` (None with `--jenga-host-gb 0`)."""
-    if options.host_gb <= 0:
+    """The host tier `options` ask for under `cache` (None with neither a size nor a ratio)."""
+    if options.host_gb <= 0 and options.host_ratio <= 0:
         return None
     sizes = {t: slots.memory.page_bytes(t) for t in slots.memory.page_types}
-    memory = HostSlotMemory(int(options.host_gb * GB), sizes)
     buffers = kv_buffers(slots.allocator.get_kvcache(), slots.kv_type, slots.window_type)
+    if options.host_gb > 0:
+        budget = int(options.host_gb * GB)
+    else:
+        budget = int(options.host_ratio * device_pool_bytes(buffers, slots.req_to_token_pool))
+    memory = HostSlotMemory(budget, sizes)
     copies = SglangHostCopies(buffers, slots.req_to_token_pool, memory, slots.checkpoints)
     policy = FlopAwareTier(
         cache.tree.policy, options.host_bw * GB, options.prefill_tflops * 1e12, tier_layers(spec)
     )
     return cache.attach_host(memory, policy, copies)
+
+
+def device_pool_bytes(buffers: dict[Any, list[Any]], req_to_token_pool: Any) -> int:
+    """Device bytes behind the cache's pools: the KV buffers and the Mamba pool's states (conv
+    and temporal; not its speculative scratch), each storage once (a layer's K and V, and the
+    Jenga pool's views, share one). What `--hicache-ratio` multiplies, as SGLang's HiCache
+    sizes its host pools from the device's."""
+    tensors = [t for per_type in buffers.values() for t in per_type]
+    mamba = getattr(req_to_token_pool, "mamba_pool", None)
+    if mamba is not None:
+        tensors.extend([*mamba.mamba_cache.conv, mamba.mamba_cache.temporal])
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 def offered(cache: PrefixCache, host: HostTier, tokens: TokenSeq, found: MatchResult) -> Offer:
