@@ -28,7 +28,8 @@ The tile is autotuned per (head dim, state size) on the first launch, among the 
 geometric-mean time over three packings in an 18-config sweep of the chained kernel on an H200
 at Nemotron-H-8B's shapes (scripts/capture_tiles.py, bench/RESULTS.md): 16 tokens per step;
 the fastest caps registers at 128 (four programs per SM) and takes ``mma.sync`` (32 rows, below
-``wgmma``'s 64); tiles spanning two heads (sharing B) were 1.5-2.5x slower. Re-running a launch
+``wgmma``'s 64). A variant whose tiles spanned two heads of one B group (sharing each B tile)
+was 1.1-1.9x slower. Re-running a launch
 rewrites the same values, so the tuner's trial runs on the live pool are harmless.
 """
 
