@@ -152,7 +152,8 @@ _HICACHE_PROBE = textwrap.dedent(
     from sglang.srt.server_args import prepare_server_args
 
     for argv in ([], ["--hicache-size", "3"], ["--hicache-ratio", "1.5"],
-                 ["--hicache-storage-backend", "file"], ["--jenga-host-gb", "2"]):
+                 ["--hicache-storage-backend", "file"], ["--jenga-host-gb", "2"],
+                 ["--hicache-ratio", "0"]):
         try:
             args = prepare_server_args(["--model-path", "dummy", "--enable-jenga",
                                         "--enable-hierarchical-cache", *argv])
@@ -175,6 +176,7 @@ def test_hierarchical_cache_is_served_by_our_host_tier(tmp_path: Path) -> None:
     assert lines[:3] == ["OK False 0.0 2.0", "OK False 3.0 0.0", "OK False 0.0 1.5"], lines
     assert "drop --hicache-storage-backend file" in lines[3], lines
     assert "--jenga-host-gb and --enable-hierarchical-cache both size" in lines[4], lines
+    assert "--hicache-ratio 0.0: the host tier needs a ratio > 0" in lines[5], lines
 
 
 _INT8_PROBE = textwrap.dedent(

@@ -334,6 +334,8 @@ def hicache_tier(args: argparse.Namespace) -> tuple[float, float] | None:
     if size > 0:
         return size, 0.0
     ratio = getattr(args, "hicache_ratio", None)
+    if ratio is not None and float(ratio) <= 0:
+        raise JengaFlagError(f"--hicache-ratio {ratio}: the host tier needs a ratio > 0")
     return 0.0, float(ratio) if ratio is not None else HICACHE_DEFAULT_RATIO
 
 
