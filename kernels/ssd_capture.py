@@ -225,8 +225,7 @@ class SsdCaptures:
             return torch.tensor(values, dtype=torch.int64).to(dst.device, non_blocking=True)
 
         heads = chains[:-1]
-        per_chain = (ids([v[a] for a in heads]) for v in (chunk_src, row_src, start))
-        k_src, r_src, first = per_chain
+        k_src, r_src, first = (ids([v[a] for a in heads]) for v in (chunk_src, row_src, start))
         return cls(k_src, r_src, dst, first, ids(count), ids(chains))
 
 
@@ -284,16 +283,20 @@ def check_ssd_captures(
 def _check_chains(
     chunk_src: list[int], row_src: list[int], start: list[int], count: list[int], chains: list[int]
 ) -> None:
-    n = len(start)
-    require(
-        chains[:1] == [0] and chains[-1] == n and all(a < b for a, b in pairwise(chains)),
-        f"chains: expected ascending offsets from 0 to {n}, got {chains[:8]}",
-    )
+    _check_offsets(chains, len(start))
     for a, b in pairwise(chains):
         for i in range(a + 1, b):
             same = (chunk_src[i], row_src[i], start[i]) == (chunk_src[a], row_src[a], start[a])
             require(same, f"capture {i}: not the start state and start of its chain's first {a}")
             require(count[i] >= count[i - 1], f"capture {i}: count below its chain predecessor's")
+
+
+def _check_offsets(chains: list[int], n: int) -> None:
+    """`chains` cuts `n` captures into chains: ascending offsets from 0 to `n`."""
+    require(
+        chains[:1] == [0] and chains[-1:] == [n] and all(a < b for a, b in pairwise(chains)),
+        f"chains: expected ascending offsets from 0 to {n}, got {chains[:8]}",
+    )
 
 
 def _check_tensors(
@@ -355,14 +358,12 @@ def capture_ssd_states(
     chunk = dt.shape[2]
     if not checked:
         chains = index_list("chains", caps.chains, caps.chains.numel())
-        require(len(chains) >= 1, "chains: expected at least the captures' count")
+        _check_offsets(chains, n)
         g = len(chains) - 1
         k_src, r_src, first = (index_list(k, getattr(caps, k), g) for k in CHAIN_FIELDS)
         dst, count = (index_list(k, getattr(caps, k), n) for k in ("dst", "count"))
-        # per capture, as the host-side check takes them (a malformed `chains` fails there)
-        of_chain = [g_ for g_, (a, b) in enumerate(pairwise(chains)) for _ in range(a, b)]
-        if len(of_chain) != n:
-            raise ValueError(f"chains: expected ascending offsets from 0 to {n}, got {chains[:8]}")
+        # per capture, as the host-side check takes them
+        of_chain = [c for c, (a, b) in enumerate(pairwise(chains)) for _ in range(a, b)]
         k_src, r_src, start = ([v[c] for c in of_chain] for v in (k_src, r_src, first))
         rows = row_states.shape[0] if row_states is not None else 0
         sizes = (chunk_states.shape[0], rows, out.shape[0])
