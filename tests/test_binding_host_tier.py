@@ -343,9 +343,9 @@ def test_options_parse_the_host_flags() -> None:
 
 
 def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
-    """A router following the events holds the spans of device checkpoints only: a state
-    demoted to host is removed (its device slot went back), and a load-back publishes it
-    again, so the router predicts the loaded hit."""
+    """A router following the events holds the spans of every checkpoint a hit can use, on
+    the device or in host memory: a state demoted to host stays published (the next turn's
+    load-back serves it), and after the load the router's prediction is the worker's hit."""
     from test_kv_events import _usable_paths
 
     from jenga_sglang.bench.drivers.kv_index import BlockIndex
@@ -364,17 +364,54 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     synced()
     history = first_in + first_out
     assert router.predicted_hit(history) >= 100
+    host = s.cache.host
+    assert host is not None
     fill_with_others(s, 8)  # the first session's states leave the device
+    assert host.demoted_states > 0
     synced()
-    assert router.predicted_hit(history) == 0  # nothing of it is on device
+    predicted = router.predicted_hit(history + tokens(5, 12))
+    assert predicted >= 100  # on host, still a hit: the router keeps it
     req = s.admit(history + tokens(5, 12), 4)
     hit = int(req.prefix_len)
-    assert s.cache.host_hit_tokens > 0 and hit >= 100
-    synced()  # the load-back's checkpoints are published again
+    assert s.cache.host_hit_tokens > 0 and hit == predicted
+    synced()  # the load-back moved the spans to device slots: nothing republished
     assert router.predicted_hit(history + tokens(5, 12)) == hit
     s.prefill(req, 7)
     s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
     synced()
+
+
+def test_kv_events_remove_a_span_when_its_host_copy_goes(sg: Any) -> None:
+    """Host memory for about two checkpoints and their KV: other sessions push the first
+    one's demoted state out of host memory too, and only then does the router lose it. After
+    every step, and after `/flush_cache`, the router holds exactly the usable spans."""
+    from test_kv_events import _usable_paths
+
+    from jenga_sglang.bench.drivers.kv_index import BlockIndex
+    from jenga_sglang.binding.slots.kv_events import attach
+
+    s = KvSession(sg, admission="jenga", prompt_end=True, host_gb=0.25, host_bw=100.0, kv_size=300)
+    host = s.cache.host
+    assert host is not None and attach(s.cache, True) is not None
+    router = BlockIndex(strict=True)
+
+    def synced() -> None:
+        router.apply(s.cache.take_events())
+        assert router.paths() == _usable_paths(s.cache)
+
+    history = tokens(0, 100) + tokens(3, 6)
+    s.serve(tokens(0, 100), tokens(3, 6))
+    synced()
+    kept = []
+    for k in range(12):
+        s.serve(tokens(0, 40, base=20 + 5 * k), tokens(1, 4, base=20 + 5 * k))
+        synced()
+        kept.append(router.predicted_hit(history))
+    assert host.demoted_states > 0 and host.dropped_states > 0
+    assert kept[0] >= 100 and kept[-1] == 0  # on host a while, then gone with its copy
+    flush_cache(s.cache, s.pool, s.alloc)
+    synced()
+    assert not router.blocks and s.cache.kv_events.published() == 0
 
 
 def test_flush_cache_drops_device_and_host_and_serving_goes_on(sg: Any) -> None:

@@ -57,16 +57,23 @@ def _insert(
         req_pool.mamba_allocator.free(mamba)
 
 
+def _all_nodes(cache: Any) -> list[Any]:
+    """The tree's device nodes and, with the host tier, its host nodes."""
+    host = cache.cache.host
+    return [*cache.cache.nodes(), *(host.host_nodes() if host is not None else ())]
+
+
 def _usable_paths(cache: Any) -> set[tuple[int, ...]]:
-    """Every prefix of every path that ends at a checkpoint (a node's or one inside a run),
-    or at any node without a Mamba group: what a router may count as a hit."""
+    """Every prefix of every path that ends at a checkpoint (a node's or one inside a run, on
+    the device or in host memory: a load-back serves the latter), or at any node without a
+    Mamba group: what a router may count as a hit."""
     out: set[tuple[int, ...]] = set()
-    for node in cache.cache.nodes():
-        if node.parent is None or node.host:  # a host node's checkpoints need a load first
+    for node in _all_nodes(cache):
+        if node.parent is None:
             continue
         path = tuple(t for n in node.path_from_root() for t in n.key.tolist())
         ends = [p for p, _ in node.inner]
-        if cache.state_type is None or node.state is not None:
+        if cache.state_type is None or node.state is not None or node.host_state is not None:
             ends.append(node.end)
         for end in ends:
             out.update(path[: i + 1] for i in range(end))
@@ -176,7 +183,7 @@ def _window_usable_paths(cache: Any) -> set[tuple[int, ...]]:
     from jenga_sglang.radix.rules import longest_common_valid
 
     rules, page, out = cache.cache.tree.rules, cache.page_size, set()
-    for node in cache.cache.nodes():
+    for node in _all_nodes(cache):
         if node.parent is None:
             continue
         path = node.path_from_root()

@@ -16,6 +16,9 @@ Synchronous: a demotion copies on the scheduler thread before the device slots a
 a load-back before the request's match returns. On a GPU that puts both on the critical path;
 SGLang's HiCache overlaps them (a write stream, layer-by-layer loads): docs/host-tier.md.
 
+With KV events on (`events`), each move tells the recorder which slot became which host id and
+back, so a router keeps the span while its pages are on host (binding/slots/kv_events.py).
+
 A pickled copy (the alpha tuner's replay) becomes `DetachedCopies`: it moves no bytes.
 """
 
@@ -28,6 +31,7 @@ import torch
 
 from jenga_sglang.binding.host.memory import HostSlotMemory
 from jenga_sglang.binding.slots.ids import page_ids
+from jenga_sglang.binding.slots.kv_events import HitSpanEvents
 from jenga_sglang.radix.host import HostCopies
 from jenga_sglang.radix.pages import PageKind, Pages, PageType
 
@@ -66,6 +70,7 @@ class SglangHostCopies(HostCopies):
         self.memory = memory
         self.stored_bytes = 0  # device -> host, KV rows and state copies, cumulative
         self.loaded_bytes = 0  # host -> device
+        self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
 
     def store(self, ptype: PageType, device: Pages, host: Pages) -> None:
         index = self._index(device)
@@ -78,8 +83,12 @@ class SglangHostCopies(HostCopies):
             data = pool.mamba_pool.get_cpu_copy(pool.translate_mamba_indices(index))
         self.stored_bytes += _nbytes(data)
         self.memory.put(ptype, host, data)
+        if self.events is not None:
+            self.events.demoted(ptype, page_ids(device).tolist(), page_ids(host).tolist())
 
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        if self.events is not None:
+            self.events.loaded_back(ptype, page_ids(host).tolist(), page_ids(device).tolist())
         data, rows = self.memory.rows(ptype, host)
         index = self._index(device)
         if ptype.kind is PageKind.KV:

@@ -13,6 +13,8 @@ last id is freed. Host nodes are never merged, and a split one keeps its rows in
 the pages of one node always lie in one block (`rows` checks it).
 
 A pickled copy (the alpha tuner's replay) keeps the ids and drops the bytes (`detached`).
+With KV events on, freed ids are reported to the recorder (`events`, binding/slots/kv_events.py):
+a span a demoted page named goes only with its host copy.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from jenga_sglang.binding.slots.ids import Ids, SlotPages, page_ids
+from jenga_sglang.binding.slots.kv_events import HitSpanEvents
 from jenga_sglang.binding.slots.memory import SlotIdMemory
 from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType, Usage
 
@@ -55,6 +58,7 @@ class HostSlotMemory(SlotIdMemory):
         self._blocks: dict[int, Block] = {}
         self._next_block = 0
         self.detached = False
+        self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
 
     # ------------------------------------------------------------------ CacheMemory
 
@@ -143,6 +147,8 @@ class HostSlotMemory(SlotIdMemory):
         )
 
     def _give_back(self, ptype: PageType, ids: Ids) -> None:
+        if self.events is not None:
+            self.events.host_freed(ptype, ids.tolist())
         blocks = self._block_of[ptype][ids]
         for number, count in zip(*np.unique(blocks[blocks >= 0], return_counts=True), strict=True):
             block = self._blocks[int(number)]
@@ -157,4 +163,5 @@ class HostSlotMemory(SlotIdMemory):
         state = super().__getstate__()
         state["_blocks"] = {n: Block(None, b.live) for n, b in self._blocks.items()}
         state["detached"] = True
+        state["events"] = None  # a replay's frees are not the server's
         return state

@@ -26,6 +26,13 @@ Here a span is published only where a hit is usable under every layer type's rul
 * with full attention only, every KV page (a hit may end after any page); the page's first
   KV slot names it, and its eviction removes it.
 
+With the host tier (`--jenga-host-gb`, binding/host/) a span stays published while what names
+it is in host memory: a hit on it is served (the load-back, reported as cached), so a router
+should count it. A demotion moves the span from the device slot to the host id its copy went
+to (`demoted`), a load-back moves it to the fresh device slot (`loaded_back`), and it is
+removed only when the host copy goes (`host_freed`: host eviction, or the tier dropping it).
+Only the keyed page type's moves count (`keyed`: the state type, else the full KV type).
+
 Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet, and each
 store names its namespace as SGLang's own cache does: `cache_salt`, and `lora_name` where the
 scheduler knows the adapter's public name (`labels`, binding/cache/namespaces.py).
@@ -70,12 +77,20 @@ class HitSpanEvents:
     """The recorder `BasePrefixCache.take_events()` reads (`kv_events.take()`), fed by the
     binding with the checkpoints (or KV pages) the tree adopts and the slots it frees."""
 
-    def __init__(self, page_size: int, whole_paths: bool, labels: Labels | None = None) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        whole_paths: bool,
+        labels: Labels | None = None,
+        keyed: Any = None,
+    ) -> None:
         self.page = page_size
         # Mamba or a window: a span is the path [0, end) to where a hit can end; else a page
         self.whole_paths = whole_paths
         self._labels = labels  # namespace -> (cache_salt, lora_name) of its stores
+        self.keyed = keyed  # the page type whose slots name spans (host moves of others: no-op)
         self._covers: dict[int, list[int]] = {}  # slot id -> block hashes of its span
+        self._host: dict[int, list[int]] = {}  # host id -> the span its demoted slot named
         self._count: dict[int, int] = {}  # block hash -> spans covering it
         self._queue: list[Any] = []
         self.published_blocks = 0
@@ -106,9 +121,30 @@ class HitSpanEvents:
 
     def freed(self, slots: Iterable[int]) -> None:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
+        self._drop(self._covers, slots)
+
+    def demoted(self, ptype: Any, device: Sequence[int], host: Sequence[int]) -> None:
+        """The tier copied `device` slots to `host` ids (same order) before freeing them: their
+        spans stay published, named by the host ids (a hit on them is a load-back away)."""
+        if ptype == self.keyed:
+            _move(self._covers, self._host, device, host)
+
+    def loaded_back(self, ptype: Any, host: Sequence[int], device: Sequence[int]) -> None:
+        """The tier copied `host` ids into fresh `device` slots: the spans follow them."""
+        if ptype == self.keyed:
+            _move(self._host, self._covers, host, device)
+
+    def host_freed(self, ptype: Any, host: Iterable[int]) -> None:
+        """Host memory freed these ids (evicted, dropped, or loaded back): spans still named
+        by them go."""
+        if ptype == self.keyed:
+            self._drop(self._host, host)
+
+    def _drop(self, covers: dict[int, list[int]], keys: Iterable[int]) -> None:
+        """Uncount the spans `keys` name in `covers`; publish the blocks no span covers now."""
         gone: list[int] = []
-        for slot in slots:
-            for h in self._covers.pop(int(slot), ()):
+        for key in keys:
+            for h in covers.pop(int(key), ()):
                 left = self._count[h] - 1
                 if left:
                     self._count[h] = left
@@ -187,14 +223,31 @@ class HitSpanEvents:
         return len(self._count)
 
 
+def _move(
+    source: dict[int, list[int]],
+    target: dict[int, list[int]],
+    old: Sequence[int],
+    new: Sequence[int],
+) -> None:
+    """Spans named by `old[i]` in `source` are named by `new[i]` in `target` (a tier move)."""
+    for a, b in zip(old, new, strict=True):
+        blocks = source.pop(int(a), None)
+        if blocks is not None:
+            target[int(b)] = blocks
+
+
 def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEvents | None:
     """Give `cache` (a JengaRadixCache) a recorder when SGLang asked for KV events; `labels`
     names a namespace's stores (`HitSpanEvents`)."""
     if not enabled or cache.disable:
         return None
     whole_paths = cache.state_type is not None or cache.slots.window is not None
-    events = HitSpanEvents(cache.page_size, whole_paths, labels)
+    keyed = cache.state_type or cache.slots.kv_type
+    events = HitSpanEvents(cache.page_size, whole_paths, labels, keyed)
     cache.kv_events = events
     cache.slot_tree.events = events
     cache.slots.events = events
+    if cache.host is not None:  # spans follow their pages to host and back (module doc)
+        cache.host.memory.events = events
+        cache.host.copies.events = events
     return events

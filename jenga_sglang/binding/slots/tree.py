@@ -117,7 +117,7 @@ class SlotTree:
         """A host load moved nodes of `path` (a match's walk, in `namespace`) to fresh device
         slots: with a window group their full slots are pointed at the window pages loaded
         with them (slots/windows.py's invariant; positions already consistent are rewritten
-        with what they hold), and with events on the router hears of them again."""
+        with what they hold), and with events on the recorder checks their spans."""
         if self.window_slot is not None and path:
             self._publish(path[-1], 0)
         if self.events is not None:
@@ -125,10 +125,11 @@ class SlotTree:
 
     def report_loaded(self, tokens: TokenSeq, path: Sequence[Node], namespace: str | None) -> None:
         """A host load moved nodes or checkpoints of `path` (a match's walk, in `namespace`)
-        back to device slots: their spans to the event recorder again, named as `_report`
-        names them (the recorder skips those it holds): checkpoints by state slot; without a
-        Mamba group, with a window group node ends whose window the tree holds, else every
-        page. The demotion had removed them with the device slots."""
+        back to device slots: their spans to the event recorder, named as `_report` names
+        them: checkpoints by state slot; without a Mamba group, with a window group node ends
+        whose window the tree holds, else every page. The recorder skips those it holds: a
+        span a demoted page named followed it to host and back (slots/kv_events.py), so only
+        spans the load made usable anew are published (a node end a split made)."""
         assert self.events is not None
         page = self.cache.tree.page
         spans: list[tuple[int, int]] = []
