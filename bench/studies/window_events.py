@@ -15,6 +15,11 @@ decode step (`SGLANG_SWA_EVICTION_INTERVAL=1`) make the window pool trim and dro
 
 Reported per variant: requests, cached tokens, the index's predicted tokens, tokens predicted
 over and under the hit (summed per request), and the share predicted exactly.
+
+`--variants` takes every server of the sessions study (bench/studies/sessions_cpu.py
+`VARIANTS`): with `--model data/tiny-model` and `jenga-host,stock-hicache` it measures what a
+router predicts of hits served from host memory (the branches come back to sessions pushed
+out of the device by the later ones).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.kv_index import BlockIndex, EventFeed
 from jenga_sglang.bench.drivers.server import LocalServer, free_port
-from jenga_sglang.bench.studies.scale_dp import VARIANT_FLAGS
+from jenga_sglang.bench.studies.sessions_cpu import VARIANTS as VARIANT_FLAGS
 
 #: gpt-oss needs an attention backend with sinks; on CPU SGLang's Triton one, interpreted
 SERVER_FLAGS = ("--attention-backend", "triton", "--max-total-tokens", "1024")
