@@ -16,6 +16,7 @@ from jenga_sglang.binding.options import (
     add_jenga_args,
     check_conflicts,
     check_pool_attention,
+    drop_pool_stand_ins,
     options_from_namespace,
     pool_attention_default,
 )
@@ -102,11 +103,6 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
         (("--no-jenga-prompt-end",), "jenga-prompt-end given without --enable-jenga"),
         (("--jenga-pool",), "jenga-pool given without --enable-jenga"),
         (("--jenga-ghost-tokens", "5"), "jenga-ghost-tokens given without --enable-jenga"),
-        (("--enable-jenga", "--enable-unified-memory"), "--jenga-pool .* --enable-unified-memory"),
-        (
-            ("--enable-jenga", "--mamba-full-memory-ratio", "0.5"),
-            "--jenga-pool .* --mamba-full-memory-ratio",
-        ),
         (
             ("--enable-jenga", "--attention-backend", "fa3"),
             "--jenga-pool .* --attention-backend fa3",
@@ -152,8 +148,21 @@ def test_speculation_without_a_draft_model_runs_over_the_pool() -> None:
 def test_without_the_pool_sglang_memory_flags_are_no_conflict() -> None:
     ns = _parse("--enable-jenga", "--no-jenga-pool", "--enable-unified-memory", "--page-size", "16")
     check_conflicts(ns)
+    assert drop_pool_stand_ins(ns) == [] and ns.enable_unified_memory  # SGLang serves it
     assert options_from_namespace(ns).pool is False
     assert options_from_namespace(_parse("--enable-jenga")).pool  # on by default
+
+
+def test_with_the_pool_its_stand_ins_are_dropped_naming_themselves() -> None:
+    ns = _parse("--enable-jenga", "--enable-unified-memory", "--mamba-full-memory-ratio", "0.5")
+    check_conflicts(ns)  # no conflict: the pool takes their place
+    warnings = drop_pool_stand_ins(ns)
+    assert (ns.enable_unified_memory, ns.mamba_full_memory_ratio) == (False, None)
+    assert [w.split(" is dropped")[0] for w in warnings] == [
+        "jenga: --enable-unified-memory",
+        "jenga: --mamba-full-memory-ratio",
+    ]
+    assert drop_pool_stand_ins(_parse("--enable-unified-memory")) == []  # jenga off: SGLang's
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,45 @@ def test_hierarchical_cache_is_served_by_our_host_tier(tmp_path: Path) -> None:
     assert "--hicache-ratio 0.0: the host tier needs a ratio > 0" in lines[5], lines
 
 
+_STAND_IN_PROBE = textwrap.dedent(
+    """
+    import logging
+
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    for argv in (["--enable-jenga", "--enable-unified-memory"],
+                 ["--enable-jenga", "--mamba-full-memory-ratio", "0.5"],
+                 ["--enable-jenga", "--no-jenga-pool", "--enable-unified-memory",
+                  "--mamba-full-memory-ratio", "0.5"]):
+        args = prepare_server_args(["--model-path", "dummy", *argv])
+        print("OK", args.enable_unified_memory, args.mamba_full_memory_ratio)
+    """
+)
+
+
+def test_flags_the_pool_stands_in_for_are_dropped_with_a_warning(tmp_path: Path) -> None:
+    """`--enable-unified-memory` and `--mamba-full-memory-ratio` ask for what the Jenga pool
+    does: with the pool on they are dropped before SGLang reads them, each with a warning
+    naming it; with `--no-jenga-pool` SGLang keeps them."""
+    from jenga_sglang.binding.refusals import POOL_STANDS_IN, stand_in_message
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(_STAND_IN_PROBE)
+    out = subprocess.run(
+        [sys.executable, str(probe)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("OK")]
+    assert lines[0].split()[1] == "False" and lines[1].split()[2] == "None", lines
+    assert lines[2].split()[1:] == ["True", "0.5"], lines
+    logged = out.stderr.splitlines()  # SGLang's log format: a timestamp, then the message
+    for stand_in in POOL_STANDS_IN:
+        said = [line for line in logged if line.endswith(stand_in_message(stand_in))]
+        assert len(said) == 1, (stand_in.flag, logged[-20:])
+
+
 _INT8_PROBE = textwrap.dedent(
     """
     import sys

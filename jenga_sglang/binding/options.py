@@ -22,7 +22,13 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from jenga_sglang.binding.refusals import WITH_JENGA, WITH_POOL, refusal_message
+from jenga_sglang.binding.refusals import (
+    POOL_STANDS_IN,
+    WITH_JENGA,
+    WITH_POOL,
+    refusal_message,
+    stand_in_message,
+)
 from jenga_sglang.policies.branching import GHOST_TOKENS
 from jenga_sglang.policies.registry import (
     EVICTIONS,
@@ -306,6 +312,17 @@ def check_conflicts(args: argparse.Namespace) -> None:
 #: SGLang's host/device ratio for HiCache when neither --hicache-ratio nor --hicache-size is
 #: given (arg_groups/hicache_hook.py, host memory mode "cache").
 HICACHE_DEFAULT_RATIO = 2.0
+
+
+def drop_pool_stand_ins(args: argparse.Namespace) -> list[str]:
+    """With `--enable-jenga` and the pool on, unset the SGLang flags the pool stands in for
+    (refusals.py `POOL_STANDS_IN`) in the namespace SGLang reads; the warnings to log."""
+    if not getattr(args, "enable_jenga", False) or getattr(args, "jenga_pool", None) is False:
+        return []
+    dropped = [s for s in POOL_STANDS_IN if s.given(args)]
+    for stand_in in dropped:
+        setattr(args, stand_in.attr, stand_in.unset)
+    return [stand_in_message(s) for s in dropped]
 
 
 def hicache_tier(args: argparse.Namespace) -> tuple[float, float] | None:

@@ -6,8 +6,10 @@ scheduler process. It registers, through SGLang's own HookRegistry:
 * AFTER `ServerArgs.add_cli_args`: our flags join SGLang's parser (so `--help` lists them);
 * BEFORE `ServerArgs.from_cli_args`: conflicts fail with a message naming the flags (an
   attention backend the Jenga pool does not serve among them), `--enable-jenga` selects
-  `--radix-cache-backend jenga` in the namespace SGLang reads, and with the pool on a GPU and
-  no attention backend named, `--attention-backend triton` (binding/options.py says why);
+  `--radix-cache-backend jenga` in the namespace SGLang reads, the flags the pool stands in
+  for are dropped with a warning (binding/refusals.py `POOL_STANDS_IN`), and with the pool on a
+  GPU and no attention backend named, `--attention-backend triton` (binding/options.py says
+  why);
 * AFTER `ServerArgs.from_cli_args`: our options ride on the record as a bookkeeping attribute,
   which `ServerArgs.__reduce__` pickles into the scheduler processes;
 * on the batch, forward batch, the Mamba2 and Gated DeltaNet backends, their layers and
@@ -47,6 +49,7 @@ from jenga_sglang.binding.options import (
     JENGA_ATTR,
     add_jenga_args,
     check_conflicts,
+    drop_pool_stand_ins,
     hicache_tier,
     options_from_namespace,
     pool_attention_default,
@@ -66,6 +69,8 @@ def _before_from_cli_args(cls: Any, args: argparse.Namespace) -> None:
     if getattr(args, "enable_jenga", False):
         args.radix_cache_backend = BACKEND_NAME
         _hicache_to_our_tier(args)
+        for warning in drop_pool_stand_ins(args):  # e.g. --enable-unified-memory
+            logger.warning(warning)
     backend = pool_attention_default(args, _cuda_available())
     if backend is not None:
         args.attention_backend = backend

@@ -1,7 +1,9 @@
-"""SGLang flags `--enable-jenga` refuses at start-up, each with the reason the message gives.
+"""SGLang flags `--enable-jenga` refuses at start-up, each with the reason the message gives,
+and those the Jenga pool stands in for (`POOL_STANDS_IN`: dropped with a warning).
 
-docs/sglang.md ("Refused flags") lists the same table; tests/test_binding_options.py checks
-that every entry fails with its flag and reason and that the docs list exactly these flags.
+docs/sglang.md ("Refused flags") lists the same tables; tests/test_binding_plugin.py checks
+that every refusal fails with its flag and reason and every stand-in is dropped naming its
+flag, and tests/test_docs_refusals.py that the docs list exactly these flags.
 """
 
 from __future__ import annotations
@@ -70,18 +72,6 @@ WITH_JENGA: tuple[Refusal, ...] = (
 #: lays out the memory the pool replaces, or needs a page type the pool does not have.
 WITH_POOL: tuple[Refusal, ...] = (
     Refusal(
-        "enable_unified_memory",
-        "--enable-unified-memory",
-        "SGLang's unified memory and the Jenga pool each replace the static KV / state split; "
-        "use one",
-    ),
-    Refusal(
-        "mamba_full_memory_ratio",
-        "--mamba-full-memory-ratio",
-        "it sizes the static KV / state split, which the pool replaces by carving pages on demand",
-        None,
-    ),
-    Refusal(
         "enable_page_major_kv_layout",
         "--enable-page-major-kv-layout",
         "the pool's KV views are slot-strided, and only the triton and torch_native attention "
@@ -98,5 +88,34 @@ WITH_POOL: tuple[Refusal, ...] = (
 )
 
 
+class StandIn(Refusal):
+    """A flag asking SGLang for what the Jenga pool already does: with the pool on it is set
+    back to `unset` and a warning gives `reason` (a launch script that has it needs no
+    change); with `--no-jenga-pool` SGLang serves it."""
+
+
+#: Both ask SGLang not to split its memory statically between KV and Mamba states, which the
+#: pool does by construction (large pages carved into either on demand).
+POOL_STANDS_IN: tuple[StandIn, ...] = (
+    StandIn(
+        "enable_unified_memory",
+        "--enable-unified-memory",
+        "SGLang's unified memory lets KV and Mamba states share one buffer; the Jenga pool "
+        "does so, carving pages on demand, and takes its place (--no-jenga-pool for SGLang's)",
+    ),
+    StandIn(
+        "mamba_full_memory_ratio",
+        "--mamba-full-memory-ratio",
+        "it sizes SGLang's static KV / state split, which the Jenga pool replaces by carving "
+        "pages on demand, so it does not apply (--no-jenga-pool keeps the split)",
+        None,
+    ),
+)
+
+
 def refusal_message(prefix: str, refusal: Refusal) -> str:
     return f"{prefix} conflicts with {refusal.flag}: {refusal.reason}"
+
+
+def stand_in_message(stand_in: StandIn) -> str:
+    return f"jenga: {stand_in.flag} is dropped with the Jenga pool on: {stand_in.reason}"
