@@ -34,7 +34,9 @@ interpreter patches (jenga_sglang/cpu_interpreter.py) in each process, so that s
 serve a hybrid model on CPU (docs/e2e-cpu.md), and lets SGLang take its `extra_buffer`
 snapshot path there (binding/cpu_snapshots.py) and, as a test shim, run `--tp-size N` without
 pynccl (jenga_sglang/cpu_tensor_parallel.py) and stock `--enable-hierarchical-cache` with its
-host copies in torch (jenga_sglang/cpu_hicache.py); elsewhere it changes nothing of SGLang's.
+host copies in torch (jenga_sglang/cpu_hicache.py), and prefill-decode disaggregation with
+Mooncake's transfer engine stood in for by one over loopback TCP (jenga_sglang/cpu_transfer.py);
+elsewhere it changes nothing of SGLang's.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def register() -> None:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from jenga_sglang import cpu_hicache, cpu_tensor_parallel
+    from jenga_sglang import cpu_hicache, cpu_tensor_parallel, cpu_transfer
     from jenga_sglang.binding import cpu_snapshots, vocab_check
     from jenga_sglang.binding.cache.factory import build_tree_cache
     from jenga_sglang.binding.capture import forward as capture_forward
@@ -143,6 +145,7 @@ def register() -> None:
 
     if sglang_needs_cpu_patches():
         install_for_sglang()  # idempotent: safe before the early return below
+        cpu_transfer.install()  # PD's transfer engine over TCP: a CPU test shim, same mode
     if BACKEND_NAME in registered_radix_cache_backends():
         return
     register_radix_cache_backend(BACKEND_NAME, build_tree_cache)
