@@ -75,12 +75,24 @@ def generate(
     k > 0 (token ids only) each reply token's k most likely in `output_top_logprobs`; with
     `logprob_start_len` s, also each prompt token's from position s on, in
     `meta_info.input_token_logprobs`."""
+    body = _body(input_ids, max_new_tokens, False, text, logprobs, top_logprobs, logprob_start_len)
+    return post_generate(url, body, timeout_s)
+
+
+def generate_body(url: str, payload: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+    """POST `payload` (any fields of SGLang's GenerateReqInput) to /generate; the decoded
+    reply, or RuntimeError naming the status."""
+    status, body = post_generate(url, json.dumps(payload).encode(), timeout_s)
+    if status != 200:
+        raise RuntimeError(f"{url}/generate: HTTP {status}: {str(body)[:500]}")
+    return body
+
+
+def post_generate(url: str, body: bytes, timeout_s: float) -> tuple[int, dict[str, Any]]:
+    """POST a JSON `body` to /generate; (HTTP status, decoded JSON reply)."""
     conn = _connection(url, timeout_s)
     try:
         headers = {"Content-Type": "application/json"}
-        body = _body(
-            input_ids, max_new_tokens, False, text, logprobs, top_logprobs, logprob_start_len
-        )
         conn.request("POST", "/generate", body, headers)
         reply = conn.getresponse()
         raw = reply.read()

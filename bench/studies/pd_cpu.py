@@ -1,0 +1,177 @@
+"""`jenga-bench pd-cpu`: prefill-decode disaggregation of the tiny hybrid model on CPU, stock and
+with our tree on the prefill side (docs/sglang.md, "Prefill-decode disaggregation").
+
+    jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga-no-pool]
+        [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--out out/pd-cpu]
+
+Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
+(`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
+our tree on the prefill side; on both), SGLang's Mooncake transfer backend with
+the engine stood in for by loopback TCP (jenga_sglang/cpu_transfer.py, a CPU test shim: the KV
+and the Mamba state move as bytes between the two processes). A client does what SGLang's
+PD router does: every request goes to both servers with the prefill server's bootstrap address
+and a fresh room. A single stock server (no PD) serves the same requests first, as the
+reference. The load (`load`) is sequential: multi-turn sessions of greedy /generate turns,
+each turn's prompt the previous prompt, its reply and new ids, then forks of each session's
+first prompt, so the prefill side's cache decides what each request recomputes.
+
+Reported per variant: whether every reply equals the reference's, the prefill side's cached
+tokens per request and its prefill rounds, the decode side's cached tokens (SGLang sends
+the prefill side's count with the first token, in the metadata buffers the engine moves too),
+and tracebacks in either log. `jenga` with the Jenga pool
+(`--enable-jenga` alone) is refused at start-up on the prefill side, naming `--no-jenga-pool`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from jenga_sglang.bench.drivers.faults import generate_body, unexpected_tracebacks
+from jenga_sglang.bench.drivers.server import LocalServer, free_port
+from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
+
+_JENGA = ("--enable-jenga", "--no-jenga-pool")
+#: Per variant, the prefill server's flags and the decode server's.
+VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "stock": ((), ()),
+    # our tree over SGLang's own pools, whose buffers the transfer engines register
+    "jenga-no-pool": (_JENGA, ()),
+    # and on the decode side too (without SGLang's decode radix cache, which we refuse)
+    "jenga-both-no-pool": (_JENGA, _JENGA),
+}
+PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake", "--disable-overlap-schedule")
+#: A fork shares this many tokens of its session's first prompt (60 or more long).
+FORK_AT = 48
+#: Serves one request: (kind, prompt) -> reply.
+Ask = Callable[[str, list[int]], list[int]]
+
+
+def sessions_of(count: int, seed: int) -> list[list[int]]:
+    """Each session's first prompt (60-99 token ids below the tiny vocabulary's 512)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(5, 500) for _ in range(rng.randrange(60, 100))] for _ in range(count)]
+
+
+def next_prompt(prompt: list[int], reply: list[int], rng: random.Random) -> list[int]:
+    return [*prompt, *reply, *(rng.randrange(5, 500) for _ in range(16))]
+
+
+def load(args: argparse.Namespace, ask: Ask) -> None:
+    """The requests, in order: each session's turns, then its forks (its first prompt's first
+    `FORK_AT` tokens and a tail of their own; from the second fork on, a tree that kept the
+    branch point hits it). `ask(kind, prompt)` serves one and returns its reply."""
+    rng = random.Random(args.seed + 1)
+    for first in sessions_of(args.sessions, args.seed):
+        prompt = first
+        for _ in range(args.turns):
+            prompt = next_prompt(prompt, ask("turn", prompt), rng)
+        for _ in range(args.forks):
+            ask("fork", [*first[:FORK_AT], *(rng.randrange(5, 500) for _ in range(24))])
+
+
+def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]]:
+    """Every request's reply from one stock server (no PD), in `load`'s order."""
+    replies: list[list[int]] = []
+    with LocalServer(model, log=out / "reference.log") as server:
+
+        def ask(kind: str, prompt: list[int]) -> list[int]:
+            body = generate_body(server.url, {"input_ids": prompt, **_sampling(args)})
+            replies.append(list(body["output_ids"]))
+            return replies[-1]
+
+        load(args, ask)
+    return replies
+
+
+def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    boot = free_port()
+    prefill_flags = (
+        "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
+        *PD_FLAGS, *VARIANTS[variant][0],
+    )  # fmt: skip
+    decode_flags = ("--disaggregation-mode", "decode", *PD_FLAGS, *VARIANTS[variant][1])
+    rows: list[dict[str, Any]] = []
+    logs = out / f"{variant}-prefill.log", out / f"{variant}-decode.log"
+    with (
+        LocalServer(model, prefill_flags, log=logs[0]) as prefill,
+        LocalServer(model, decode_flags, log=logs[1]) as decode,
+        ThreadPoolExecutor(2) as pool,
+    ):
+
+        def ask(kind: str, prompt: list[int]) -> list[int]:
+            # as SGLang's PD router does: both sides, the prefill side's bootstrap, a new room
+            payload = {
+                "input_ids": prompt,
+                **_sampling(args),
+                "bootstrap_host": "127.0.0.1",
+                "bootstrap_port": boot,
+                "bootstrap_room": len(rows) + 1,
+            }
+            sides = [pool.submit(generate_body, s.url, payload) for s in (prefill, decode)]
+            p_body, d_body = (side.result() for side in sides)
+            rows.append({
+                "kind": kind, "prompt": len(prompt), "reply": list(d_body["output_ids"]),
+                "prefill_cached": int(p_body["meta_info"]["cached_tokens"]),
+                "decode_cached": int(d_body["meta_info"]["cached_tokens"]),
+            })  # fmt: skip
+            return list(rows[-1]["reply"])
+
+        load(args, ask)
+    texts = [log.read_text(errors="replace") for log in logs]
+    return {
+        "variant": variant,
+        "requests": len(rows),
+        "prompt_tokens": sum(r["prompt"] for r in rows),
+        "prefill_cached_tokens": sum(r["prefill_cached"] for r in rows),
+        "prefill_cached_per_request": [r["prefill_cached"] for r in rows],
+        "decode_cached_per_request": [r["decode_cached"] for r in rows],
+        "kinds": [r["kind"] for r in rows],
+        "prefill_rounds": prefill_rounds(texts[0]),
+        "tracebacks": sum(unexpected_tracebacks(text) for text in texts),
+        "replies": [r["reply"] for r in rows],
+    }
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"sampling_params": {"max_new_tokens": args.reply_tokens, "temperature": 0.0}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="jenga-bench pd-cpu", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="data/tiny-model")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--sessions", type=int, default=3)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--forks", type=int, default=2, help="per session, after its turns")
+    p.add_argument("--reply-tokens", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="out/pd-cpu")
+    args = p.parse_args(argv)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if min(args.sessions, args.turns, args.reply_tokens) < 1 or args.forks < 0:
+        p.error("--sessions, --turns and --reply-tokens must be >= 1, --forks >= 0")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    expected = reference(args.model, args, out)
+    results = []
+    for variant in variants:
+        result = run_variant(args.model, variant, args, out)
+        result["replies_equal_reference"] = result.pop("replies") == expected
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    return 0 if all(r["replies_equal_reference"] and not r["tracebacks"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

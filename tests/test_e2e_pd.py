@@ -1,0 +1,34 @@
+"""Prefill-decode disaggregation served live on CPU (bench/studies/pd_cpu.py): our tree on the
+prefill side over SGLang's pools (`--enable-jenga --no-jenga-pool`), a stock decode side, the
+KV and Mamba state moved between the two processes by the TCP stand-in for Mooncake's engine
+(jenga_sglang/cpu_transfer.py). `make pd-cpu` runs the study, stock beside it."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from jenga_sglang.bench.studies import pd_cpu
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+
+def test_a_session_served_disaggregated_replies_as_one_server_and_hits_on_prefill(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Every greedy reply equals one stock server's (so the bytes that moved were the
+    prefill's KV and state), the second turn hits the first on the prefill side, and the
+    second fork hits the branch point our tree kept (stock's keeps none)."""
+    args = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0)
+    expected = pd_cpu.reference(str(tiny_model), args, tmp_path)
+    result = pd_cpu.run_variant(str(tiny_model), "jenga-no-pool", args, tmp_path)
+    assert result["replies"] == expected
+    assert result["kinds"] == ["turn", "turn", "fork", "fork"]
+    first, second, _, fork = result["prefill_cached_per_request"]
+    assert first == 0 and second > 0 and fork >= pd_cpu.FORK_AT, result
+    # the prefill side's count reaches decode in the metadata the engine moved with the KV
+    assert result["decode_cached_per_request"] == result["prefill_cached_per_request"]
+    assert result["prefill_rounds"] == result["requests"]  # no extra round for the hits
+    assert result["tracebacks"] == 0
