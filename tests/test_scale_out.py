@@ -73,7 +73,16 @@ def test_a_window_models_events_predict_its_hits(tiny_window_model: Path, tmp_pa
 
     from jenga_sglang.bench.studies import window_events
 
-    args = Namespace(sessions=1, turns=3, branches=1, reply_tokens=8, seed=0, no_progress=True)
+    args = Namespace(
+        sessions=1,
+        turns=3,
+        branches=1,
+        revisits=0,
+        reply_tokens=8,
+        seed=0,
+        no_progress=True,
+        server_flags="",
+    )
     result = window_events.run_variant(str(tiny_window_model), "jenga", args, tmp_path)
     turns = [r for r in result["requests_detail"] if r["kind"] == "turn"]
     assert all(r["cached"] > 0 and r["predicted"] == r["cached"] for r in turns[1:]), turns
