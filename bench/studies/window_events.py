@@ -61,7 +61,7 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
     rng = random.Random(args.seed)
     rows: list[dict[str, Any]] = []
     index = BlockIndex()
-    total = args.sessions * args.turns + args.branches
+    total = args.sessions * args.turns + args.branches + min(args.revisits, args.sessions)
     bar = tqdm(total=total, desc=variant, unit="req", file=sys.stderr, disable=args.no_progress)
     with bar, EventFeed(free_port()) as feed:
         flags = (*SERVER_FLAGS, *shlex.split(args.server_flags), "--kv-events-config",
