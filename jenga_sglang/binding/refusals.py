@@ -68,8 +68,9 @@ WITH_JENGA: tuple[Refusal, ...] = (
     ),
 )
 
-#: Refused with the Jenga pool (on by default; `--no-jenga-pool` lifts these): each sizes or
-#: lays out the memory the pool replaces, or needs a page type the pool does not have.
+#: Refused with the Jenga pool (on by default; `--no-jenga-pool` lifts these): each lays out
+#: memory in a way the pool's views are not checked against, or needs a page type the pool
+#: does not have.
 WITH_POOL: tuple[Refusal, ...] = (
     Refusal(
         "enable_page_major_kv_layout",

@@ -50,6 +50,8 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from jenga_sglang.radix.pages import PageType
+
 _MASK, _SIGN = (1 << 64) - 1, 1 << 63
 
 #: A namespace (None: the default one) to the (cache_salt, lora_name) its stores carry.
@@ -82,7 +84,7 @@ class HitSpanEvents:
         page_size: int,
         whole_paths: bool,
         labels: Labels | None = None,
-        keyed: Any = None,
+        keyed: PageType | None = None,
     ) -> None:
         self.page = page_size
         # Mamba or a window: a span is the path [0, end) to where a hit can end; else a page
@@ -123,18 +125,18 @@ class HitSpanEvents:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
         self._drop(self._covers, slots)
 
-    def demoted(self, ptype: Any, device: Sequence[int], host: Sequence[int]) -> None:
+    def demoted(self, ptype: PageType, device: Sequence[int], host: Sequence[int]) -> None:
         """The tier copied `device` slots to `host` ids (same order) before freeing them: their
         spans stay published, named by the host ids (a hit on them is a load-back away)."""
         if ptype == self.keyed:
             _move(self._covers, self._host, device, host)
 
-    def loaded_back(self, ptype: Any, host: Sequence[int], device: Sequence[int]) -> None:
+    def loaded_back(self, ptype: PageType, host: Sequence[int], device: Sequence[int]) -> None:
         """The tier copied `host` ids into fresh `device` slots: the spans follow them."""
         if ptype == self.keyed:
             _move(self._host, self._covers, host, device)
 
-    def host_freed(self, ptype: Any, host: Iterable[int]) -> None:
+    def host_freed(self, ptype: PageType, host: Iterable[int]) -> None:
         """Host memory freed these ids (evicted, dropped, or loaded back): spans still named
         by them go."""
         if ptype == self.keyed:
