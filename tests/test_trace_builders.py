@@ -264,3 +264,8 @@ def test_cli_builds_and_caches(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert len(load_trace_with_meta(out)[0]) == 3 + 9 + 27
     assert traces_main(["traces", "build", "agent", "--rate", "0", "--out", str(out)]) == 2
     assert "rate" in capsys.readouterr().err
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    assert traces_main(["traces", "build", "tree", "--trees", "1", "--out", str(folder)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert list(folder.iterdir()) == [] and not (tmp_path / "traces.tmp").exists()  # no leftovers

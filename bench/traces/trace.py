@@ -112,19 +112,27 @@ def write_trace(
 ) -> int:
     """Write ``requests`` (which must already be in ts order) to ``path``; returns the count.
 
-    The file is written to a temporary sibling and renamed, so a reader never sees half a trace.
+    The file is written to a temporary sibling and renamed, so a reader never sees half a trace;
+    a write that fails leaves neither. A directory is refused (ValueError) before anything is
+    written.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory: give a trace file (.jsonl, .jsonl.gz, .jsonl.xz)")
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp" + p.suffix)
     n = 0
-    with open_text(tmp, "w") as f:
-        if meta is not None:
-            f.write(json.dumps({META_KEY: meta}, separators=(",", ":")) + "\n")
-        for r in requests:
-            f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
-            n += 1
-    tmp.replace(p)
+    try:
+        with open_text(tmp, "w") as f:
+            if meta is not None:
+                f.write(json.dumps({META_KEY: meta}, separators=(",", ":")) + "\n")
+            for r in requests:
+                f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+                n += 1
+        tmp.replace(p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return n
 
 
