@@ -84,11 +84,11 @@ class SglangHostCopies(HostCopies):
         self.stored_bytes += _nbytes(data)
         self.memory.put(ptype, host, data)
         if self.events is not None:
-            self.events.demoted(ptype, page_ids(device).tolist(), page_ids(host).tolist())
+            self.events.demoted(ptype, page_ids(device), page_ids(host))  # ids: no list copy
 
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
         if self.events is not None:
-            self.events.loaded_back(ptype, page_ids(host).tolist(), page_ids(device).tolist())
+            self.events.loaded_back(ptype, page_ids(host), page_ids(device))
         data, rows = self.memory.rows(ptype, host)
         index = self._index(device)
         if ptype.kind is PageKind.KV:

@@ -148,7 +148,7 @@ class HostSlotMemory(SlotIdMemory):
 
     def _give_back(self, ptype: PageType, ids: Ids) -> None:
         if self.events is not None:
-            self.events.host_freed(ptype, ids.tolist())
+            self.events.host_freed(ptype, ids)  # ignored unless the keyed type: no list copy
         blocks = self._block_of[ptype][ids]
         for number, count in zip(*np.unique(blocks[blocks >= 0], return_counts=True), strict=True):
             block = self._blocks[int(number)]

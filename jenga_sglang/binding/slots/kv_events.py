@@ -125,13 +125,13 @@ class HitSpanEvents:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
         self._drop(self._covers, slots)
 
-    def demoted(self, ptype: PageType, device: Sequence[int], host: Sequence[int]) -> None:
+    def demoted(self, ptype: PageType, device: Iterable[int], host: Iterable[int]) -> None:
         """The tier copied `device` slots to `host` ids (same order) before freeing them: their
         spans stay published, named by the host ids (a hit on them is a load-back away)."""
         if ptype == self.keyed:
             _move(self._covers, self._host, device, host)
 
-    def loaded_back(self, ptype: PageType, host: Sequence[int], device: Sequence[int]) -> None:
+    def loaded_back(self, ptype: PageType, host: Iterable[int], device: Iterable[int]) -> None:
         """The tier copied `host` ids into fresh `device` slots: the spans follow them."""
         if ptype == self.keyed:
             _move(self._host, self._covers, host, device)
@@ -228,8 +228,8 @@ class HitSpanEvents:
 def _move(
     source: dict[int, list[int]],
     target: dict[int, list[int]],
-    old: Sequence[int],
-    new: Sequence[int],
+    old: Iterable[int],
+    new: Iterable[int],
 ) -> None:
     """Spans named by `old[i]` in `source` are named by `new[i]` in `target` (a tier move)."""
     for a, b in zip(old, new, strict=True):
