@@ -287,16 +287,18 @@ def _pd(*argv: str) -> argparse.Namespace:
 
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_disaggregation_refuses_the_pool_and_names_the_fallback(mode: str) -> None:
+def test_disaggregation_serves_the_pool_over_mooncake_only(mode: str) -> None:
     ns = _pd("--enable-jenga")
     ns.disaggregation_mode = mode
-    with pytest.raises(JengaFlagError, match=f"--disaggregation-mode {mode}.*--no-jenga-pool"):
+    check_conflicts(ns)  # the pool's page regions over SGLang's mooncake backend (the default)
+    ns.disaggregation_transfer_backend = "nixl"
+    with pytest.raises(JengaFlagError, match=r"transfer-backend nixl.*--no-jenga-pool"):
         check_conflicts(ns)
     ns.jenga_pool = False  # the fallback: SGLang's pools under our tree
     check_conflicts(ns)
     role_switch = _pd("--enable-jenga")
     role_switch.enable_pd_role_switch = True
-    with pytest.raises(JengaFlagError, match="--enable-pd-role-switch"):
+    with pytest.raises(JengaFlagError, match=r"--enable-pd-role-switch.*--no-jenga-pool"):
         check_conflicts(role_switch)
 
 

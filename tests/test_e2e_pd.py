@@ -1,7 +1,9 @@
-"""Prefill-decode disaggregation served live on CPU (bench/studies/pd_cpu.py): our tree on the
-prefill side over SGLang's pools (`--enable-jenga --no-jenga-pool`), a stock decode side, the
-KV and Mamba state moved between the two processes by the TCP stand-in for Mooncake's engine
-(jenga_sglang/cpu_transfer.py). `make pd-cpu` runs the study, stock beside it."""
+"""Prefill-decode disaggregation served live on CPU (bench/studies/pd_cpu.py), the KV and Mamba
+state moved between the two processes by the TCP stand-in for Mooncake's engine
+(jenga_sglang/cpu_transfer.py): `jenga`, the Jenga pool on both sides (its page regions are
+what the engine moves, binding/pools/transfer.py), and `jenga-no-pool`, our tree on the prefill
+side over SGLang's pools with a stock decode side. `make pd-cpu` runs the study, stock beside
+it."""
 
 from __future__ import annotations
 
@@ -15,15 +17,23 @@ from jenga_sglang.bench.studies import pd_cpu
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
+ARGS = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[list[int]]:
+    """One stock server's greedy replies to the load (no PD)."""
+    return pd_cpu.reference(str(tiny_model), ARGS, tmp_path_factory.mktemp("reference"))
+
+
+@pytest.mark.parametrize("variant", ["jenga", "jenga-no-pool"])
 def test_a_session_served_disaggregated_replies_as_one_server_and_hits_on_prefill(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, expected: list[list[int]], variant: str
 ) -> None:
     """Every greedy reply equals one stock server's (so the bytes that moved were the
     prefill's KV and state), the second turn hits the first on the prefill side, and the
     second fork hits the branch point our tree kept (stock's keeps none)."""
-    args = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0)
-    expected = pd_cpu.reference(str(tiny_model), args, tmp_path)
-    result = pd_cpu.run_variant(str(tiny_model), "jenga-no-pool", args, tmp_path)
+    result = pd_cpu.run_variant(str(tiny_model), variant, ARGS, tmp_path)
     assert result["replies"] == expected
     assert result["kinds"] == ["turn", "turn", "fork", "fork"]
     first, second, _, fork = result["prefill_cached_per_request"]

@@ -1,12 +1,13 @@
 """`jenga-bench pd-cpu`: prefill-decode disaggregation of the tiny hybrid model on CPU, stock and
-with our tree on the prefill side (docs/sglang.md, "Prefill-decode disaggregation").
+with jenga (docs/sglang.md, "Prefill-decode disaggregation").
 
-    jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga-no-pool]
+    jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga]
         [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--out out/pd-cpu]
 
 Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
 (`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
-our tree on the prefill side; on both), SGLang's Mooncake transfer backend with
+jenga with the Jenga pool on both sides; our tree over SGLang's pools on the prefill side, and
+on both), SGLang's Mooncake transfer backend with
 the engine stood in for by loopback TCP (jenga_sglang/cpu_transfer.py, a CPU test shim: the KV
 and the Mamba state move as bytes between the two processes). A client does what SGLang's
 PD router does: every request goes to both servers with the prefill server's bootstrap address
@@ -18,8 +19,7 @@ first prompt, so the prefill side's cache decides what each request recomputes.
 Reported per variant: whether every reply equals the reference's, the prefill side's cached
 tokens per request and its prefill rounds, the decode side's cached tokens (SGLang sends
 the prefill side's count with the first token, in the metadata buffers the engine moves too),
-and tracebacks in either log. `jenga` with the Jenga pool
-(`--enable-jenga` alone) is refused at start-up on the prefill side, naming `--no-jenga-pool`.
+and tracebacks in either log.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ _JENGA = ("--enable-jenga", "--no-jenga-pool")
 #: Per variant, the prefill server's flags and the decode server's.
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "stock": ((), ()),
+    # the Jenga pool on both sides: its page regions registered with the engine (the pool's
+    # layouts must match, so the decode side runs it too)
+    "jenga": (("--enable-jenga",), ("--enable-jenga",)),
     # our tree over SGLang's own pools, whose buffers the transfer engines register
     "jenga-no-pool": (_JENGA, ()),
     # and on the decode side too (without SGLang's decode radix cache, which we refuse)

@@ -359,14 +359,11 @@ def hicache_tier(args: argparse.Namespace) -> tuple[float, float] | None:
 def check_disaggregation(args: argparse.Namespace) -> None:
     """Prefill-decode disaggregation with `--enable-jenga`: what is refused, naming the fallback.
 
-    * The Jenga pool on either side: SGLang's transfer engines register each KV and state
-      buffer as (pointer, length, item length) and address slot i at pointer + i x item length,
-      which the pool's strided views break (a view's row stride is a whole KV or state page,
-      not its row's bytes): the state buffers register and would move the wrong bytes without
-      an error, the KV buffers fail to register (tests/test_pd_disaggregation.py). The decode
-      side's request pool (`HybridMambaDecodeReqToTokenPool`) is not built over the pool
-      either. So the server does not start; `--no-jenga-pool` keeps SGLang's own pools and
-      their registration (our tree on the prefill side).
+    * The Jenga pool registers one region per page type, a whole page per row, paired with the
+      peer's by an id of its own (binding/pools/transfer.py). That addressing is checked for
+      SGLang's Mooncake backend only (its generic transfer: pointer + row x item length, runs
+      merged), so another `--disaggregation-transfer-backend` is refused with the pool, as is
+      `--enable-pd-role-switch` (a worker that changes sides keeps both sides' pools).
     * Our tree on the decode side (`--disaggregation-decode-enable-radix-cache`): there a hit
       needs the KV alone, since the state arrives from prefill; that rule is not built.
     """
@@ -374,13 +371,16 @@ def check_disaggregation(args: argparse.Namespace) -> None:
     switch = bool(getattr(args, "enable_pd_role_switch", False))
     if mode == "null" and not switch:
         return
-    what = "--enable-pd-role-switch" if switch else f"--disaggregation-mode {mode}"
-    if getattr(args, "jenga_pool", None) is not False:
+    backend = getattr(args, "disaggregation_transfer_backend", None) or "mooncake"
+    if getattr(args, "jenga_pool", None) is not False and (switch or backend != "mooncake"):
+        what = (
+            "--enable-pd-role-switch" if switch else f"--disaggregation-transfer-backend {backend}"
+        )
         raise JengaFlagError(
-            f"--jenga-pool (on with --enable-jenga) conflicts with {what}: the transfer engines "
-            "address slot i at pointer + i x item length, which the pool's strided views break, "
-            "and the decode request pool is not built over it; pass --no-jenga-pool (SGLang's "
-            "pools under our tree; docs/sglang.md, 'Prefill-decode disaggregation')"
+            f"--jenga-pool (on with --enable-jenga) conflicts with {what}: the pool's page "
+            "regions are checked with SGLang's mooncake transfer backend on fixed prefill and "
+            "decode workers only; pass --no-jenga-pool (SGLang's pools under our tree; "
+            "docs/sglang.md, 'Prefill-decode disaggregation')"
         )
     if mode == "decode" and getattr(args, "disaggregation_decode_enable_radix_cache", False):
         raise JengaFlagError(

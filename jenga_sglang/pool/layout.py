@@ -94,6 +94,16 @@ class StateViews:
     temporal_stacked: torch.Tensor  # [layers, num_pages, *temporal_shape]
 
 
+class PageRegion(NamedTuple):
+    """One page type's rows as a transfer engine addresses them: row r is the bytes
+    [ptr + r * item_len, + item_len), a whole small page (every layer's K and V, or conv and
+    temporal state); `length` covers every row, the sink row included."""
+
+    ptr: int
+    length: int
+    item_len: int
+
+
 @dataclass(frozen=True)
 class PoolLayout:
     """The buffer of a pool and its views. `kv[t][l]` is layer l of the group of type t."""
@@ -115,6 +125,14 @@ class PoolLayout:
         stride = self.geometry.of(ptype).page_bytes
         start = self.sink_bytes + page * stride
         return self.buffer[start : start + stride]
+
+    def region(self, ptype: PageType) -> PageRegion:
+        """The rows of `ptype`'s views as one region (row numbering as the views': a sink
+        row 0 ends where large page 0 starts, so every row lies inside the buffer)."""
+        tg = self.geometry.of(ptype)
+        rows = self.num_large * tg.per_large + self.first_row
+        origin = self.sink_bytes - tg.page_bytes if self.sink_bytes else 0
+        return PageRegion(self.buffer.data_ptr() + origin, rows * tg.page_bytes, tg.page_bytes)
 
 
 class _Rows(NamedTuple):

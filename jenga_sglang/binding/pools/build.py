@@ -16,11 +16,14 @@ import torch
 
 from jenga_sglang.binding.pools.allocator import JengaKVAllocator, JengaMambaAllocator
 from jenga_sglang.binding.pools.sglang_pool import (
+    JengaHybridLinearKVPool,
     JengaHybridReqToTokenPool,
     JengaMambaPool,
+    JengaMambaRows,
     JengaMHATokenToKVPool,
 )
 from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
+from jenga_sglang.binding.pools.transfer import TransferEntry
 from jenga_sglang.models.spec import AttentionGroup, DType, MambaGroup, ModelSpec
 from jenga_sglang.pool.layout import PoolLayout, build_layout, sink_size
 from jenga_sglang.pool.paired import PairedJengaPool
@@ -51,8 +54,8 @@ class KVShape:
 class JengaPools:
     """Everything `_init_pools` returns, plus our pool and layout for inspection."""
 
-    req_to_token_pool: JengaHybridReqToTokenPool
-    token_to_kv_pool: Any  # SGLang's HybridLinearKVPool around our KV pool
+    req_to_token_pool: JengaMambaRows  # a PD decode side's: binding/pools/decode_pool.py
+    token_to_kv_pool: JengaHybridLinearKVPool  # SGLang's hybrid pool around our KV pool
     token_to_kv_pool_allocator: JengaKVAllocator
     shared: SharedJengaPool
     layout: PoolLayout
@@ -135,10 +138,10 @@ def build_jenga_pools(
     req_pool_kwargs: dict[str, Any],
     page_size: int = 1,
     checkpoint_base: int = 0,
+    req_pool_class: type[JengaMambaRows] = JengaHybridReqToTokenPool,
 ) -> JengaPools:
-    """One buffer of `budget_bytes`, SGLang's pool objects over its views, our allocators."""
-    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
-
+    """One buffer of `budget_bytes`, SGLang's pool objects over its views, our allocators
+    (`req_pool_class`: the request pool, a PD decode side's has rows for pre-allocation)."""
     spec = storage_spec(kv, cache_params)
     geometry, num_large, layout = paged_layout(spec, budget_bytes, page_size, device)
     pool = JengaPool(geometry, num_large * geometry.large_page_bytes)
@@ -150,11 +153,15 @@ def build_jenga_pools(
         dtype=kv.dtype,
         device=device,
         page_size=page_size,
+        transfer=TransferEntry.of(layout, KV_TYPE),
     )
     mamba_pool = JengaMambaPool(
-        views=layout.state[STATE_TYPE], mamba_layer_ids=mamba_layer_ids, device=device
+        views=layout.state[STATE_TYPE],
+        mamba_layer_ids=mamba_layer_ids,
+        device=device,
+        transfer=TransferEntry.of(layout, STATE_TYPE),
     )
-    req_pool = JengaHybridReqToTokenPool(
+    req_pool = req_pool_class(
         mamba_pool=mamba_pool,
         mamba_allocator=JengaMambaAllocator(shared, device),
         checkpoint_base=checkpoint_base,  # int8 checkpoints: stock's Mamba pool size
@@ -164,7 +171,7 @@ def build_jenga_pools(
         enable_memory_saver=False,
         **req_pool_kwargs,
     )
-    hybrid = HybridLinearKVPool(
+    hybrid = JengaHybridLinearKVPool(
         size=kv_pool.size,
         dtype=kv.dtype,
         page_size=page_size,

@@ -9,8 +9,10 @@ pools"):
   one attention layer and the target worker, build ours (binding/pools/build.py) over the static
   split's byte budget (under tensor parallelism the smallest rank's, and the built pools must
   be equal on every rank: binding/cache/tp_consensus.py) and return SGLang's own
-  `_InitializedPools` record; a hybrid-SWA model gets its full and window KV from one Jenga
-  pool (binding/pools/swa_hook.py); anything else goes to the original;
+  `_InitializedPools` record (on a PD decode worker with SGLang's decode request pool, rows
+  for pre-allocated requests included: binding/pools/decode_pool.py); a hybrid-SWA model gets
+  its full and window KV from one Jenga pool (binding/pools/swa_hook.py); anything else goes
+  to the original;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from jenga_sglang.binding.options import check_pool_attention, pool_wanted
 from jenga_sglang.binding.pools import swa_hook as swa_pool_hook
@@ -31,6 +33,7 @@ from jenga_sglang.binding.pools.build import (
     static_split_bytes,
     storage_spec,
 )
+from jenga_sglang.binding.pools.sglang_pool import JengaHybridReqToTokenPool, JengaMambaRows
 from jenga_sglang.binding.pools.swa_allocator import JengaSWAAllocator
 from jenga_sglang.binding.refusals import pool_refuses_speculation
 
@@ -131,24 +134,14 @@ def _check_supported(configurator: Any) -> None:
 
 
 def _build(configurator: Any, sizes: Any) -> Any:
-    from sglang.srt.mem_cache.allocation_sizing import (
-        get_mamba_tracking_slots,
-        get_req_to_token_extra_context_len,
-    )
-    from sglang.srt.runtime_context import (
-        get_exec,
-        get_parallel,
-        get_schedule,
-        get_spec,
-        max_speculative_num_draft_tokens,
-    )
+    from sglang.srt.runtime_context import get_parallel, get_schedule
 
     from jenga_sglang.binding.cache.tp_consensus import agree_pool_budget
 
     _check_supported(configurator)
     layer = configurator.layer_info
     config = configurator.mambaish_config
-    parallel, schedule, mamba = get_parallel(), get_schedule(), get_exec().mamba
+    parallel, schedule = get_parallel(), get_schedule()
     kv = KVShape(
         layer_ids=tuple(
             i for i in config.full_attention_layer_ids if layer.start_layer <= i < layer.end_layer
@@ -161,13 +154,7 @@ def _build(configurator: Any, sizes: Any) -> Any:
     )
     cache_params = config.mamba2_cache_params
     spec = storage_spec(kv, cache_params)
-    overlap = not schedule.disable_overlap_schedule
-    tracking = get_mamba_tracking_slots(
-        extra_buffer=mamba.enable_mamba_extra_buffer,
-        overlap=overlap,
-        lazy=mamba.enable_mamba_extra_buffer_lazy,
-    )
-    running = sizes.max_running_requests
+    rows = _request_rows(configurator, sizes.max_running_requests)
     return build_jenga_pools(
         kv=kv,
         cache_params=cache_params,
@@ -175,20 +162,63 @@ def _build(configurator: Any, sizes: Any) -> Any:
         budget_bytes=agree_pool_budget(  # the smallest rank's: equal pools on every TP rank
             static_split_bytes(spec, sizes.max_total_num_tokens, schedule.max_mamba_cache_size)
         ),
-        state_reserve=running * (1 + tracking),
+        state_reserve=rows.state_reserve,
         device=configurator.device,
-        req_pool_kwargs={
-            "size": running,
-            "mamba_spec_state_size": running,
-            "max_context_len": configurator.model_config.context_len
-            + get_req_to_token_extra_context_len(),
-            "enable_mamba_extra_buffer": mamba.enable_mamba_extra_buffer,
-            "enable_mamba_extra_buffer_lazy": mamba.enable_mamba_extra_buffer_lazy,
-            "enable_overlap_schedule": overlap,
-            "start_layer": layer.start_layer,
-            "speculative_num_draft_tokens": max_speculative_num_draft_tokens(),
-            "speculative_eagle_topk": get_spec().speculative_eagle_topk,
-        },
+        req_pool_kwargs=rows.kwargs,
         page_size=schedule.page_size,
-        checkpoint_base=int(schedule.max_mamba_cache_size or running),
+        checkpoint_base=int(schedule.max_mamba_cache_size or sizes.max_running_requests),
+        req_pool_class=rows.pool_class,
+    )
+
+
+class _RequestRows(NamedTuple):
+    """The request pool to build, its arguments, and the states its requests may hold."""
+
+    pool_class: type[JengaMambaRows]
+    kwargs: dict[str, Any]
+    state_reserve: int
+
+
+def _request_rows(configurator: Any, running: int) -> _RequestRows:
+    """SGLang's request pool for this worker over our Mamba pool: on a PD decode worker, the
+    decode pool with rows for requests pre-allocated while their KV and state arrive."""
+    from sglang.srt.mem_cache.allocation_sizing import (
+        get_mamba_tracking_slots,
+        get_req_to_token_extra_context_len,
+    )
+    from sglang.srt.runtime_context import (
+        get_disagg,
+        get_exec,
+        get_schedule,
+        get_spec,
+        max_speculative_num_draft_tokens,
+    )
+
+    mamba, overlap = get_exec().mamba, not get_schedule().disable_overlap_schedule
+    kwargs: dict[str, Any] = {
+        "size": running,
+        "max_context_len": configurator.model_config.context_len
+        + get_req_to_token_extra_context_len(),
+        "enable_mamba_extra_buffer": mamba.enable_mamba_extra_buffer,
+        "enable_overlap_schedule": overlap,
+        "start_layer": configurator.layer_info.start_layer,
+        "speculative_num_draft_tokens": max_speculative_num_draft_tokens(),
+        "speculative_eagle_topk": get_spec().speculative_eagle_topk,
+    }
+    disagg = get_disagg()
+    decode = disagg.disaggregation_mode == "decode"
+    tracking = get_mamba_tracking_slots(
+        extra_buffer=mamba.enable_mamba_extra_buffer,
+        overlap=overlap,
+        lazy=mamba.enable_mamba_extra_buffer_lazy and not decode,  # as SGLang's decode pool
+    )
+    if not decode:
+        kwargs["mamba_spec_state_size"] = running
+        kwargs["enable_mamba_extra_buffer_lazy"] = mamba.enable_mamba_extra_buffer_lazy
+        return _RequestRows(JengaHybridReqToTokenPool, kwargs, running * (1 + tracking))
+    from jenga_sglang.binding.pools.decode_pool import JengaHybridMambaDecodeReqToTokenPool
+
+    kwargs["pre_alloc_size"] = extra = int(disagg.disaggregation_decode_extra_slots or 0)
+    return _RequestRows(
+        JengaHybridMambaDecodeReqToTokenPool, kwargs, (running + extra) * (1 + tracking)
     )

@@ -9,11 +9,16 @@
   them unchanged. It does not call `MambaPool.__init__` (which allocates): it sets the
   attributes that the inherited methods read, the disabled-feature ones included.
 * `JengaHybridReqToTokenPool(HybridReqToTokenPool)`: request rows are SGLang's; its Mamba pool and
-  Mamba slot allocator (binding/pools/allocator.py) are ours. With
+  Mamba slot allocator (binding/pools/allocator.py) are ours (`JengaMambaRows`, which the PD
+  decode side's request pool shares: binding/pools/decode_pool.py). With
   `--enable-int8-mamba-checkpoint` it builds SGLang's int8 `MambaCheckpointPool` for the tree's
   states beside the Jenga buffer, of the size stock SGLang gives it (`checkpoint_base`: stock's
   Mamba pool size, doubled unless `--int8-mamba-ckpt-size` says otherwise), from the same
   headroom outside the KV budget: int8 pages are not a page type of the Jenga pool yet.
+
+Prefill-decode disaggregation: the KV pool and the Mamba pool register one region each, a
+whole small page per row, paired between peers by an id of its own (binding/pools/transfer.py);
+`JengaHybridLinearKVPool` publishes the KV region's id.
 
 Speculative decoding without a draft model (NGRAM): the verify forward keeps each draft step's
 state in per-request scratch (`SpeculativeState.intermediate_*`, one row per running request,
@@ -32,6 +37,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.mamba_checkpoint_pool import maybe_init_int8_mamba_checkpoint_pool
 from sglang.srt.mem_cache.memory_pool import (
+    HybridLinearKVPool,
     HybridReqToTokenPool,
     MambaPool,
     MHATokenToKVPool,
@@ -40,6 +46,7 @@ from sglang.srt.mem_cache.memory_pool import (
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 
 from jenga_sglang.binding.pools.allocator import JengaMambaAllocator
+from jenga_sglang.binding.pools.transfer import BufInfos, TransferEntry
 from jenga_sglang.pool.layout import StateViews
 
 
@@ -57,9 +64,11 @@ class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang h
         page_size: int = 1,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        transfer: TransferEntry | None = None,
     ) -> None:
         rows, heads, head_dim = k_views[0].shape
         self._k_views, self._v_views = list(k_views), list(v_views)
+        self.transfer = transfer
         super().__init__(
             size=rows - page_size,  # the first page is the sink
             page_size=page_size,
@@ -92,6 +101,10 @@ class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang h
         native move; its tiled copy assumes contiguous rows)."""
         move_kv_cache_native(self.k_buffer, self.v_buffer, tgt_loc, src_loc)
 
+    def get_contiguous_buf_infos(self) -> BufInfos:
+        """The transfer engines' registration: the KV page type's one region."""
+        return _registration(self.transfer)
+
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Bytes of K and V the views address (not the strided span they cover)."""
         k = sum(v.numel() * v.element_size() for v in self._k_views)
@@ -101,11 +114,19 @@ class JengaMHATokenToKVPool(MHATokenToKVPool):  # type: ignore[misc]  # sglang h
 class JengaMambaPool(MambaPool):  # type: ignore[misc]  # sglang has no types
     """Mamba state pool over the stacked conv / temporal views of the Jenga buffer."""
 
-    def __init__(self, *, views: StateViews, mamba_layer_ids: Sequence[int], device: str) -> None:
+    def __init__(
+        self,
+        *,
+        views: StateViews,
+        mamba_layer_ids: Sequence[int],
+        device: str,
+        transfer: TransferEntry | None = None,
+    ) -> None:
         layers, rows = views.temporal_stacked.shape[:2]
         if layers != len(mamba_layer_ids):
             raise ValueError(f"{layers} Mamba layers in the views, {len(mamba_layer_ids)} ids")
         self.mamba_layer_ids = list(mamba_layer_ids)
+        self.transfer = transfer
         self.size = rows - 1  # row 0 is the sink
         self.device = device
         self.num_mamba_layers = layers
@@ -122,6 +143,23 @@ class JengaMambaPool(MambaPool):  # type: ignore[misc]  # sglang has no types
         self.conv_slice_axis = 0
         self.mamba_cache = self.State(conv=[views.conv_stacked], temporal=views.temporal_stacked)
         self.mem_usage = self.mamba_cache.mem_usage_bytes() / (1 << 30)
+
+    def get_contiguous_buf_infos(self) -> BufInfos:
+        """The transfer engines' registration: the state page type's one region (a state
+        page is every layer's conv and temporal state of one slot)."""
+        return _registration(self.transfer)
+
+    def get_state_layer_ids(self) -> list[int]:
+        return [_entry(self.transfer).layer_id]
+
+    def get_state_dim_per_tensor(self) -> list[int]:
+        return []  # no per-tensor slicing: a page is not one tensor (transfer.py)
+
+    def get_state_slice_outer_counts(self) -> list[int]:
+        return []
+
+    def get_state_conv_shard_groups(self) -> list[list[int] | None]:
+        return []
 
     def add_verify_scratch(self, requests: int, draft_tokens: int) -> None:
         """Per-draft-step state scratch for `requests` running requests' verify forwards:
@@ -142,8 +180,12 @@ class JengaMambaPool(MambaPool):  # type: ignore[misc]  # sglang has no types
         self.mem_usage = self.mamba_cache.mem_usage_bytes() / (1 << 30)
 
 
-class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
-    """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
+class JengaMambaRows:
+    """`_init_mamba_pool` over our Mamba pool and Mamba slot allocator, for SGLang's hybrid
+    request pools (mixed in before the SGLang class, whose `__init__` it forwards to)."""
+
+    req_to_token: torch.Tensor  # the SGLang class's request rows
+    mamba_ping_pong_track_buffer_size: int
 
     def __init__(
         self,
@@ -155,7 +197,7 @@ class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
     ) -> None:
         self._jenga_mamba = (mamba_pool, mamba_allocator)
         self._checkpoint_base = checkpoint_base
-        super().__init__(mamba_size=mamba_pool.size, **kwargs)
+        super().__init__(mamba_size=mamba_pool.size, **kwargs)  # type: ignore[call-arg]
 
     def _init_mamba_pool(self, **kwargs: Any) -> None:
         from sglang.srt.mem_cache.ple_state_pool import NGramPool, ShortConvPool
@@ -185,3 +227,25 @@ class JengaHybridReqToTokenPool(HybridReqToTokenPool):  # type: ignore[misc]
             self.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros(
                 (rows, self.mamba_ping_pong_track_buffer_size), dtype=torch.int64, device=device
             )
+
+
+class JengaHybridReqToTokenPool(JengaMambaRows, HybridReqToTokenPool):  # type: ignore[misc]
+    """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
+
+
+class JengaHybridLinearKVPool(HybridLinearKVPool):  # type: ignore[misc]  # sglang has no types
+    """SGLang's hybrid KV pool around ours; it publishes the KV region's transfer id in place
+    of the attention layers' ids (binding/pools/transfer.py)."""
+
+    def get_kv_layer_ids(self) -> list[int]:
+        return [_entry(self.full_kv_pool.transfer).layer_id]
+
+
+def _entry(transfer: TransferEntry | None) -> TransferEntry:
+    if transfer is None:
+        raise RuntimeError("this Jenga pool was built without transfer regions")
+    return transfer
+
+
+def _registration(transfer: TransferEntry | None) -> BufInfos:
+    return _entry(transfer).buf_infos()

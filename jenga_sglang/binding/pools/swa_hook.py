@@ -36,10 +36,12 @@ def wanted(configurator: Any, req_to_token_pool: Any) -> bool:
 
 
 def _check_supported(configurator: Any) -> None:
-    from sglang.srt.runtime_context import attention_backends, get_spec
+    from sglang.srt.runtime_context import attention_backends, get_disagg, get_spec
 
     check_pool_attention(*attention_backends())  # SGLang's resolved (prefill, decode) pair
     problems = []
+    if get_disagg().disaggregation_mode != "null":  # only Mamba pools register page regions
+        problems.append("prefill-decode disaggregation")
     algorithm = get_spec().speculative_algorithm
     if pool_refuses_speculation(algorithm):
         problems.append(f"speculative decoding with a draft model ({algorithm})")
