@@ -2,8 +2,9 @@
 state moved between the two processes by the TCP stand-in for Mooncake's engine
 (jenga_sglang/cpu_transfer.py): `jenga`, the Jenga pool on both sides (its page regions are
 what the engine moves, binding/pools/transfer.py), and `jenga-no-pool`, our tree on the prefill
-side over SGLang's pools with a stock decode side. `make pd-cpu` runs the study, stock beside
-it."""
+side over SGLang's pools with a stock decode side. Over the pool, four requests are aborted
+first (both sides, either side alone; in the bootstrap, the transfer and decode). `make pd-cpu`
+runs the study, stock beside it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from jenga_sglang.bench.studies import pd_cpu
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-ARGS = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0)
+ARGS = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0, aborts=0)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,11 @@ def test_a_session_served_disaggregated_replies_as_one_server_and_hits_on_prefil
     """Every greedy reply equals one stock server's (so the bytes that moved were the
     prefill's KV and state), the second turn hits the first on the prefill side, and the
     second fork hits the branch point our tree kept (stock's keeps none)."""
-    result = pd_cpu.run_variant(str(tiny_model), variant, ARGS, tmp_path)
+    aborts = 4 if variant == "jenga" else 0
+    args = Namespace(**{**vars(ARGS), "aborts": aborts})
+    result = pd_cpu.run_variant(str(tiny_model), variant, args, tmp_path)
+    assert len(result["aborted"]) == aborts
+    assert result["alive_after"] and result["leak_reports"] == 0, result["aborted"]
     assert result["replies"] == expected
     assert result["kinds"] == ["turn", "turn", "fork", "fork"]
     first, second, _, fork = result["prefill_cached_per_request"]

@@ -166,6 +166,20 @@ def flush_cache(url: str, timeout_s: float = 120.0, tries: int = 20) -> None:
         time.sleep(0.25)
 
 
+def abort_request(url: str, rid: str, timeout_s: float = 30.0) -> int:
+    """POST /abort_request for one request id (SGLang's, as a router sends when its client
+    goes); the HTTP status. An id the server no longer knows is not an error there."""
+    conn = _connection(url, timeout_s)
+    try:
+        headers = {"Content-Type": "application/json"}
+        conn.request("POST", "/abort_request", json.dumps({"rid": rid}).encode(), headers)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        conn.close()
+
+
 def health(url: str, timeout_s: float = 30.0) -> bool:
     conn = _connection(url, timeout_s)
     try:

@@ -2,14 +2,20 @@
 with jenga (docs/sglang.md, "Prefill-decode disaggregation").
 
     jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga]
-        [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--out out/pd-cpu]
+        [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--aborts 4]
+        [--out out/pd-cpu]
 
 Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
 (`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
 jenga with the Jenga pool on both sides; our tree over SGLang's pools on the prefill side, and
-on both), SGLang's Mooncake transfer backend with
-the engine stood in for by loopback TCP (jenga_sglang/cpu_transfer.py, a CPU test shim: the KV
-and the Mamba state move as bytes between the two processes). A client does what SGLang's
+on both), SGLang's Mooncake transfer backend with the engine stood in for by loopback TCP
+(jenga_sglang/cpu_transfer.py, a CPU test shim: the KV and the Mamba state move as bytes
+between the two processes). First `--aborts` requests of their own are aborted (`ABORTS`: on
+both sides, on the prefill side alone, on the decode side alone, at 0-2.5 s: in the bootstrap,
+the transfer and decode; SGLang's PD timeouts are cut to 30 s, `PD_ENV`, so a side whose peer
+gave up fails in bounded time). Then the load, whose replies show that the aborts left the
+pools and trees sound (SGLang's idle check stops a scheduler on a leaked page). A client does
+what SGLang's
 PD router does: every request goes to both servers with the prefill server's bootstrap address
 and a fresh room. A single stock server (no PD) serves the same requests first, as the
 reference. The load (`load`) is sequential: multi-turn sessions of greedy /generate turns,
@@ -17,9 +23,10 @@ each turn's prompt the previous prompt, its reply and new ids, then forks of eac
 first prompt, so the prefill side's cache decides what each request recomputes.
 
 Reported per variant: whether every reply equals the reference's, the prefill side's cached
-tokens per request and its prefill rounds, the decode side's cached tokens (SGLang sends
-the prefill side's count with the first token, in the metadata buffers the engine moves too),
-and tracebacks in either log.
+tokens per request and its prefill rounds (the load's), the decode side's cached tokens (SGLang
+sends the prefill side's count with the first token, in the metadata buffers the engine moves
+too), what each side answered the aborted requests, whether both servers are alive after the
+load, leak reports and tracebacks in either log.
 """
 
 from __future__ import annotations
@@ -28,12 +35,19 @@ import argparse
 import json
 import random
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from jenga_sglang.bench.drivers.faults import generate_body, unexpected_tracebacks
+from jenga_sglang.bench.drivers.faults import (
+    abort_request,
+    generate_body,
+    health,
+    post_generate,
+    unexpected_tracebacks,
+)
 from jenga_sglang.bench.drivers.server import LocalServer, free_port
 from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
 
@@ -50,8 +64,16 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "jenga-both-no-pool": (_JENGA, _JENGA),
 }
 PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake", "--disable-overlap-schedule")
+#: A request whose peer gave up fails after this many seconds instead of SGLang's 300.
+PD_ENV = {
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30",
+}
 #: A fork shares this many tokens of its session's first prompt (60 or more long).
 FORK_AT = 48
+#: The aborted requests' timing and sides, in turn: seconds after sending, and which servers
+#: get the abort (a router whose client goes aborts both; one side alone is a peer failing).
+ABORTS = ((0.0, "both"), (0.3, "prefill"), (1.0, "decode"), (2.5, "both"))
 #: Serves one request: (kind, prompt) -> reply.
 Ask = Callable[[str, list[int]], list[int]]
 
@@ -103,10 +125,13 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
     rows: list[dict[str, Any]] = []
     logs = out / f"{variant}-prefill.log", out / f"{variant}-decode.log"
     with (
-        LocalServer(model, prefill_flags, log=logs[0]) as prefill,
-        LocalServer(model, decode_flags, log=logs[1]) as decode,
+        LocalServer(model, prefill_flags, log=logs[0], env=PD_ENV) as prefill,
+        LocalServer(model, decode_flags, log=logs[1], env=PD_ENV) as decode,
         ThreadPoolExecutor(2) as pool,
     ):
+        sides = {"prefill": prefill.url, "decode": decode.url}
+        aborted = [_aborted(args, i, boot, sides, pool) for i in range(args.aborts)]
+        rounds_before = prefill_rounds(logs[0].read_text(errors="replace"))  # the aborted ones
 
         def ask(kind: str, prompt: list[int]) -> list[int]:
             # as SGLang's PD router does: both sides, the prefill side's bootstrap, a new room
@@ -117,8 +142,8 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
                 "bootstrap_port": boot,
                 "bootstrap_room": len(rows) + 1,
             }
-            sides = [pool.submit(generate_body, s.url, payload) for s in (prefill, decode)]
-            p_body, d_body = (side.result() for side in sides)
+            both = [pool.submit(generate_body, url, payload) for url in sides.values()]
+            p_body, d_body = (side.result() for side in both)
             rows.append({
                 "kind": kind, "prompt": len(prompt), "reply": list(d_body["output_ids"]),
                 "prefill_cached": int(p_body["meta_info"]["cached_tokens"]),
@@ -127,6 +152,8 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
             return list(rows[-1]["reply"])
 
         load(args, ask)
+        rounds = prefill_rounds(logs[0].read_text(errors="replace")) - rounds_before
+        alive = all(health(url) for url in sides.values())  # (a health check prefills too)
     texts = [log.read_text(errors="replace") for log in logs]
     return {
         "variant": variant,
@@ -136,9 +163,42 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
         "prefill_cached_per_request": [r["prefill_cached"] for r in rows],
         "decode_cached_per_request": [r["decode_cached"] for r in rows],
         "kinds": [r["kind"] for r in rows],
-        "prefill_rounds": prefill_rounds(texts[0]),
+        "prefill_rounds": rounds,
+        "aborted": aborted,
+        "leak_reports": sum(text.count("memory leak detected") for text in texts),
+        "alive_after": alive,
         "tracebacks": sum(unexpected_tracebacks(text) for text in texts),
         "replies": [r["reply"] for r in rows],
+    }
+
+
+def _aborted(
+    args: argparse.Namespace, i: int, boot: int, sides: dict[str, str], pool: ThreadPoolExecutor
+) -> dict[str, Any]:
+    """Request i of its own (300 fresh ids, 64 reply tokens, a room past the load's), aborted
+    as `ABORTS` says; what each side answered (HTTP status and the start of its body)."""
+    after, where = ABORTS[i % len(ABORTS)]
+    rng = random.Random(args.seed + 100 + i)
+    rid = f"aborted-{i}"
+    payload = {
+        "input_ids": [rng.randrange(5, 500) for _ in range(300)],
+        "sampling_params": {"max_new_tokens": 64, "temperature": 0.0},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": boot,
+        "bootstrap_room": 10_000 + i,
+        "rid": rid,
+    }
+    body = json.dumps(payload).encode()
+    sent = {name: pool.submit(post_generate, url, body, 120.0) for name, url in sides.items()}
+    time.sleep(after)
+    for name, url in sides.items():
+        if where in ("both", name):
+            abort_request(url, rid)
+    answers = {name: future.result(timeout=180) for name, future in sent.items()}
+    return {
+        "after_s": after,
+        "aborted_on": where,
+        **{name: [status, json.dumps(reply)[:120]] for name, (status, reply) in answers.items()},
     }
 
 
@@ -154,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--forks", type=int, default=2, help="per session, after its turns")
     p.add_argument("--reply-tokens", type=int, default=12)
+    p.add_argument("--aborts", type=int, default=4, help="aborted requests before the load")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/pd-cpu")
     args = p.parse_args(argv)
@@ -161,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    if min(args.sessions, args.turns, args.reply_tokens) < 1 or args.forks < 0:
-        p.error("--sessions, --turns and --reply-tokens must be >= 1, --forks >= 0")
+    if min(args.sessions, args.turns, args.reply_tokens) < 1 or min(args.forks, args.aborts) < 0:
+        p.error("--sessions, --turns and --reply-tokens must be >= 1, --forks and --aborts >= 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     expected = reference(args.model, args, out)
