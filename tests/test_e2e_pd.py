@@ -18,7 +18,7 @@ from jenga_sglang.bench.studies import pd_cpu
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
 
-ARGS = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0, aborts=0)
+ARGS = Namespace(sessions=1, turns=2, forks=2, reply_tokens=6, seed=0, aborts=0, server_flags="")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ with jenga (docs/sglang.md, "Prefill-decode disaggregation").
 
     jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga]
         [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--aborts 4]
-        [--out out/pd-cpu]
+        [--server-flags FLAGS] [--out out/pd-cpu]
 
 Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
 (`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -104,7 +105,8 @@ def load(args: argparse.Namespace, ask: Ask) -> None:
 def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]]:
     """Every request's reply from one stock server (no PD), in `load`'s order."""
     replies: list[list[int]] = []
-    with LocalServer(model, log=out / "reference.log") as server:
+    flags = shlex.split(args.server_flags)
+    with LocalServer(model, flags, log=out / "reference.log") as server:
 
         def ask(kind: str, prompt: list[int]) -> list[int]:
             body = generate_body(server.url, {"input_ids": prompt, **_sampling(args)})
@@ -119,9 +121,12 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
     boot = free_port()
     prefill_flags = (
         "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
-        *PD_FLAGS, *VARIANTS[variant][0],
+        *PD_FLAGS, *VARIANTS[variant][0], *shlex.split(args.server_flags),
     )  # fmt: skip
-    decode_flags = ("--disaggregation-mode", "decode", *PD_FLAGS, *VARIANTS[variant][1])
+    decode_flags = (
+        "--disaggregation-mode", "decode", *PD_FLAGS, *VARIANTS[variant][1],
+        *shlex.split(args.server_flags),
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     logs = out / f"{variant}-prefill.log", out / f"{variant}-decode.log"
     with (
@@ -215,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forks", type=int, default=2, help="per session, after its turns")
     p.add_argument("--reply-tokens", type=int, default=12)
     p.add_argument("--aborts", type=int, default=4, help="aborted requests before the load")
+    p.add_argument(
+        "--server-flags",
+        default="",
+        help="more SGLang flags for every server (the reference's too), after the study's own",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/pd-cpu")
     args = p.parse_args(argv)
