@@ -22,7 +22,15 @@ from test_sglang_jenga_pool import ATTN, MAMBA, _cache_params, sg  # noqa: F401 
 pytestmark = pytest.mark.sglang
 
 
-def _build(sg: Any, *, page_size: int = 1, head_dim: int = 8, decode: int | None = None) -> Any:  # noqa: F811
+def _build(
+    sg: Any,  # noqa: F811
+    *,
+    page_size: int = 1,
+    heads: int = 2,
+    head_dim: int = 8,
+    decode: int | None = None,
+    kv_tokens: int = 64,
+) -> Any:
     from jenga_sglang.binding.pools.build import (
         KVShape,
         build_jenga_pools,
@@ -30,7 +38,7 @@ def _build(sg: Any, *, page_size: int = 1, head_dim: int = 8, decode: int | None
         storage_spec,
     )
 
-    kv = KVShape(ATTN, head_num=2, head_dim=head_dim, dtype=sg.torch.bfloat16)
+    kv = KVShape(ATTN, head_num=heads, head_dim=head_dim, dtype=sg.torch.bfloat16)
     params = _cache_params(sg)
     rows: dict[str, Any] = {
         "size": 4,
@@ -50,7 +58,7 @@ def _build(sg: Any, *, page_size: int = 1, head_dim: int = 8, decode: int | None
         kv=kv,
         cache_params=params,
         mamba_layer_ids=MAMBA,
-        budget_bytes=static_split_bytes(storage_spec(kv, params), 64 * page_size, 6),
+        budget_bytes=static_split_bytes(storage_spec(kv, params), kv_tokens * page_size, 6),
         state_reserve=2,
         device="cpu",
         req_pool_kwargs=rows,
@@ -167,8 +175,10 @@ def test_peers_of_another_layout_do_not_pair_with_the_pools_regions(sg: Any) -> 
     from sglang.srt.disaggregation.utils import build_transfer_entry_pairs
 
     ours = _kv_args(_build(sg))
-    same = _kv_args(_build(sg, decode=2))
+    same = _kv_args(_build(sg, decode=2, kv_tokens=256))  # a decode pool of another size
     other = _kv_args(_build(sg, head_dim=16))  # other page bytes: another id
+    regrouped = _kv_args(_build(sg, heads=1, head_dim=16))  # same bytes, rows laid out otherwise
+    assert regrouped.kv_item_lens == ours.kv_item_lens
     stock_ids = [*ATTN, *ATTN]  # SGLang's hybrid pool: K then V of each attention layer
 
     def pair(src: list[int], dst: list[int]) -> Any:
@@ -180,6 +190,7 @@ def test_peers_of_another_layout_do_not_pair_with_the_pools_regions(sg: Any) -> 
         (ours.kv_layer_ids, stock_ids),
         (stock_ids, ours.kv_layer_ids),
         (ours.kv_layer_ids, other.kv_layer_ids),
+        (ours.kv_layer_ids, regrouped.kv_layer_ids),
         (ours.state_layer_ids[0], list(MAMBA) * 2),
     ):
         with pytest.raises(RuntimeError, match="missing a transfer entry"):

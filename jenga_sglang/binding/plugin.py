@@ -24,9 +24,6 @@ scheduler process. It registers, through SGLang's own HookRegistry:
   allocators draw from it (binding/pools/hook.py);
 * AFTER `SchedulerPoolStatsObserver._get_mamba_token_info`: SGLang's Mamba usage figure over
   what states can hold now in that pool (binding/pools/usage.py);
-* AROUND `MooncakeKVManager.send_kvcache_slice` / `_send_mamba_state_slice`: a PD transfer of
-  the pool's page regions between peers of different TP sizes fails with the reason instead of
-  moving re-sliced bytes (binding/pools/transfer.py);
 * BEFORE `TokenizerManager._validate_one_request`: with `--enable-jenga`, token ids outside the
   vocabulary get a 400 instead of killing the scheduler (binding/vocab_check.py);
 
@@ -143,7 +140,6 @@ def register() -> None:
     from jenga_sglang.binding.capture import mamba2 as capture_mamba2
     from jenga_sglang.binding.capture import prefill_cut
     from jenga_sglang.binding.pools import hook as pool_hook
-    from jenga_sglang.binding.pools import transfer as pool_transfer
     from jenga_sglang.binding.pools import usage
     from jenga_sglang.cpu_interpreter import install_for_sglang, sglang_needs_cpu_patches
 
@@ -170,7 +166,6 @@ def register() -> None:
     for captures in (capture_forward, capture_mamba2, capture_gdn):
         captures.register(HookRegistry, HookType)
     usage.register(HookRegistry, HookType)
-    pool_transfer.register(HookRegistry, HookType)
     vocab_check.register(HookRegistry, HookType)
     cpu_snapshots.register_hooks()  # extra_buffer on CPU: interpreter mode only
     cpu_tensor_parallel.register_hooks()  # TP without pynccl: a CPU test shim, same mode only

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from jenga_sglang.binding.options import check_pool_attention, pool_wanted
 from jenga_sglang.binding.pools import swa_hook as swa_pool_hook
+from jenga_sglang.binding.pools import transfer
 from jenga_sglang.binding.pools.allocator import JengaKVAllocator
 from jenga_sglang.binding.pools.build import (
     KVShape,
@@ -134,11 +135,13 @@ def _check_supported(configurator: Any) -> None:
 
 
 def _build(configurator: Any, sizes: Any) -> Any:
-    from sglang.srt.runtime_context import get_parallel, get_schedule
+    from sglang.srt.runtime_context import get_disagg, get_parallel, get_schedule
 
     from jenga_sglang.binding.cache.tp_consensus import agree_pool_budget
 
     _check_supported(configurator)
+    if get_disagg().disaggregation_mode != "null":
+        transfer.install()  # the re-slice guard on this PD worker's transfers
     layer = configurator.layer_info
     config = configurator.mambaish_config
     parallel, schedule = get_parallel(), get_schedule()

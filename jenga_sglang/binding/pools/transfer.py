@@ -10,12 +10,13 @@ and V (or every layer's conv and temporal state) of its tokens: registered as on
 item is the page (`PoolLayout.region`), row i of it is page i, and one run moves all layers.
 
 Entries are paired between the two peers by layer id (SGLang's `build_transfer_entry_pairs`).
-Ours carry an id above any model's layer range that also encodes the page type and its bytes
-(`entry_id`): a peer on SGLang's per-layer buffers, or on a Jenga pool of another geometry, has
-no entry of that id, and SGLang stops the transfer ("Decode peer is missing a transfer entry")
-instead of moving bytes to the wrong place. Re-slicing KV heads or state between peers of
-different attention TP sizes cuts a per-layer row, which a page is not: `around_resliced` fails
-those transfers with the reason.
+Ours carry an id above any model's layer range that also encodes the page type and where every
+tensor of a page lies in it, with its shape, strides and dtype (`entry_id`): a peer on SGLang's
+per-layer buffers, or on a Jenga pool that lays a page out otherwise, has no entry of that id,
+and SGLang stops the transfer ("Decode peer is missing a transfer entry") instead of moving
+bytes to the wrong place. Re-slicing KV heads or state between peers of different attention TP
+sizes cuts a per-layer row, which a page is not: `around_resliced` fails those transfers with
+the reason, hooked by a PD worker that builds the pool (`install`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from jenga_sglang.pool.layout import PageRegion, PoolLayout
 from jenga_sglang.radix.pages import PageType
 
@@ -33,16 +36,30 @@ from jenga_sglang.radix.pages import PageType
 #: SGLang sends ids as unsigned 32-bit integers.
 ENTRY_ID_BASE = 3 << 30
 CONN = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVManager"
+_installed = False  # the re-slice guard is hooked in this process (`install`)
 logger = logging.getLogger(__name__)
 
 BufInfos = tuple[list[int], list[int], list[int]]
 
 
-def entry_id(ptype: PageType, item_len: int) -> int:
-    """The layer id a page type's region carries: equal on two peers iff the type and its
-    page bytes are."""
-    digest = zlib.crc32(f"jenga:{ptype.kind.name}:{ptype.group}:{item_len}".encode())
-    return ENTRY_ID_BASE + digest % (1 << 30)
+def entry_id(ptype: PageType, region: PageRegion, views: Sequence[torch.Tensor]) -> int:
+    """The layer id a page type's region carries: equal on two peers when the type, its page
+    bytes and the layout of every view inside a page are (a 30-bit digest of them)."""
+    layout = [
+        (view.data_ptr() - region.ptr, tuple(view.shape[1:]), view.stride(), str(view.dtype))
+        for view in views
+    ]
+    text = f"jenga:{ptype.kind.name}:{ptype.group}:{region.item_len}:{layout}"
+    return ENTRY_ID_BASE + zlib.crc32(text.encode()) % (1 << 30)
+
+
+def _views(layout: PoolLayout, ptype: PageType) -> list[torch.Tensor]:
+    """Every per-layer view of `ptype`'s pages, rows first (the layers' K and V, or their conv
+    and temporal states)."""
+    if ptype in layout.kv:
+        return [view for layer in layout.kv[ptype] for view in (layer.k, layer.v)]
+    state = layout.state[ptype]
+    return [*state.conv, *state.temporal]
 
 
 @dataclass(frozen=True)
@@ -55,7 +72,7 @@ class TransferEntry:
     @classmethod
     def of(cls, layout: PoolLayout, ptype: PageType) -> TransferEntry:
         region = layout.region(ptype)
-        return cls(region, entry_id(ptype, region.item_len))
+        return cls(region, entry_id(ptype, region, _views(layout, ptype)))
 
     def buf_infos(self) -> BufInfos:
         """SGLang's (pointers, lengths, item lengths) for the region."""
@@ -80,6 +97,17 @@ def around_resliced(original: Callable[..., Any], manager: Any, *a: Any, **k: An
     return original(manager, *a, **k)
 
 
-def register(registry: Any, hook_type: Any) -> None:
+def install() -> None:
+    """Hook the two re-slicing methods (AROUND, `around_resliced`) in this process: a PD worker
+    building the pool calls it. Not at plugin registration: that would import SGLang's Mooncake
+    connector into every server, and a stock `--enable-hierarchical-cache` server then reported
+    its host hits as device hits (tests/test_e2e_host_tier.py; the cause is not traced)."""
+    global _installed
+    if _installed:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
     for method in ("send_kvcache_slice", "_send_mamba_state_slice"):
-        registry.register(f"{CONN}.{method}", around_resliced, hook_type.AROUND)
+        HookRegistry.register(f"{CONN}.{method}", around_resliced, HookType.AROUND)
+    HookRegistry.apply_hooks()  # patches targets not patched yet: these two
+    _installed = True
