@@ -17,54 +17,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_sglang_jenga_pool import ATTN, MAMBA, _cache_params, sg  # noqa: F401  # sg: fixture
+from test_sglang_jenga_pool import ATTN, MAMBA, _pools, sg  # noqa: F401  # sg: fixture
 
 pytestmark = pytest.mark.sglang
 
 
-def _build(
-    sg: Any,  # noqa: F811
-    *,
-    page_size: int = 1,
-    heads: int = 2,
-    head_dim: int = 8,
-    decode: int | None = None,
-    kv_tokens: int = 64,
-) -> Any:
-    from jenga_sglang.binding.pools.build import (
-        KVShape,
-        build_jenga_pools,
-        static_split_bytes,
-        storage_spec,
-    )
-
-    kv = KVShape(ATTN, head_num=heads, head_dim=head_dim, dtype=sg.torch.bfloat16)
-    params = _cache_params(sg)
-    rows: dict[str, Any] = {
-        "size": 4,
-        "max_context_len": 128,
-        "enable_mamba_extra_buffer": False,
-        "speculative_num_draft_tokens": None,
-    }
-    extra: dict[str, Any] = {}
-    if decode is None:
-        rows["mamba_spec_state_size"] = 4
-    else:
-        from jenga_sglang.binding.pools.decode_pool import JengaHybridMambaDecodeReqToTokenPool
-
-        rows |= {"pre_alloc_size": decode, "enable_overlap_schedule": False}
-        extra["req_pool_class"] = JengaHybridMambaDecodeReqToTokenPool
-    return build_jenga_pools(
-        kv=kv,
-        cache_params=params,
-        mamba_layer_ids=MAMBA,
-        budget_bytes=static_split_bytes(storage_spec(kv, params), kv_tokens * page_size, 6),
-        state_reserve=2,
-        device="cpu",
-        req_pool_kwargs=rows,
-        page_size=page_size,
-        **extra,
-    )
+def _build(sg: Any, *, page_size: int = 1, kv_tokens: int = 64, **shape: Any) -> Any:  # noqa: F811
+    """The shared test pools (`_pools`), `kv_tokens` pages of KV in the budget."""
+    return _pools(sg, kv_tokens=kv_tokens * page_size, page_size=page_size, **shape)
 
 
 def _kv_args(pools: Any) -> Any:

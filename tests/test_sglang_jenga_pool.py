@@ -56,7 +56,12 @@ def _pools(
     rows: int = 4,
     page_size: int = 1,
     draft_tokens: int | None = None,
+    heads: int = 2,
+    head_dim: int = 8,
+    decode: int | None = None,
 ) -> Any:
+    """Our pools over SGLang's pool objects; with `decode`, a PD decode worker's request pool
+    with that many pre-allocation rows (binding/pools/decode_pool.py)."""
     from jenga_sglang.binding.pools.build import (
         KVShape,
         build_jenga_pools,
@@ -64,9 +69,23 @@ def _pools(
         storage_spec,
     )
 
-    kv = KVShape(ATTN, head_num=2, head_dim=8, dtype=sg.torch.bfloat16)
+    kv = KVShape(ATTN, head_num=heads, head_dim=head_dim, dtype=sg.torch.bfloat16)
     params = _cache_params(sg)
     budget = static_split_bytes(storage_spec(kv, params), kv_tokens, states)
+    req_rows: dict[str, Any] = {
+        "size": rows,
+        "max_context_len": 128,
+        "enable_mamba_extra_buffer": False,
+        "speculative_num_draft_tokens": draft_tokens,
+    }
+    extra: dict[str, Any] = {}
+    if decode is None:
+        req_rows["mamba_spec_state_size"] = rows
+    else:
+        from jenga_sglang.binding.pools.decode_pool import JengaHybridMambaDecodeReqToTokenPool
+
+        req_rows |= {"pre_alloc_size": decode, "enable_overlap_schedule": False}
+        extra["req_pool_class"] = JengaHybridMambaDecodeReqToTokenPool
     return build_jenga_pools(
         kv=kv,
         cache_params=params,
@@ -74,14 +93,9 @@ def _pools(
         budget_bytes=budget,
         state_reserve=reserve,
         device="cpu",
-        req_pool_kwargs={
-            "size": rows,
-            "mamba_spec_state_size": rows,
-            "max_context_len": 128,
-            "enable_mamba_extra_buffer": False,
-            "speculative_num_draft_tokens": draft_tokens,
-        },
+        req_pool_kwargs=req_rows,
         page_size=page_size,
+        **extra,
     )
 
 
