@@ -25,7 +25,9 @@ event). On a GPU machine nothing is changed.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import re
 import socket
 import socketserver
 import struct
@@ -38,6 +40,9 @@ _HEAD = struct.Struct("!I")  # writes in the batch
 _ITEM = struct.Struct("!QQ")  # peer address, length
 _ACK_OK, _ACK_BAD = b"\x01", b"\x00"
 _TIMEOUT_S = 60.0
+_log = logging.getLogger(__name__)
+#: The line each received batch logs (`received_bytes` sums them from a server's log).
+_RECEIVED = "cpu-transfer received {} bytes in {} runs"
 
 
 class TcpTransferEngine:
@@ -130,13 +135,17 @@ class TcpTransferEngine:
         ok = True
         try:
             (count,) = _HEAD.unpack(_exactly(conn, _HEAD.size))
+            total = 0
             for _ in range(count):
                 address, length = _ITEM.unpack(_exactly(conn, _ITEM.size))
                 data = _exactly(conn, length)
                 if self._inside(address, length):
                     ctypes.memmove(address, data, length)
+                    total += length
                 else:
                     ok = False  # never write outside what this process registered
+            if count:  # (a probe moves nothing)
+                _log.info(_RECEIVED.format(total, count))
             conn.sendall(_ACK_OK if ok else _ACK_BAD)
         except OSError:  # ConnectionError included: the peer went away mid-batch
             return
@@ -144,6 +153,12 @@ class TcpTransferEngine:
     def _inside(self, address: int, length: int) -> bool:
         with self._lock:
             return any(s <= address and address + length <= s + n for s, n in self._regions.items())
+
+
+def received_bytes(log: str) -> int:
+    """Bytes the engine copied in, summed over a server log's lines."""
+    pattern = re.escape(_RECEIVED).replace(r"\{\}", r"(\d+)")
+    return sum(int(m.group(1)) for m in re.finditer(pattern, log))
 
 
 def _exactly(conn: socket.socket, size: int) -> bytes:

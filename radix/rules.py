@@ -5,7 +5,8 @@ layer group could reuse. The tree combines them in a fixed point (see `longest_c
 
     full attention   every token [0, p) cached (pages are never dropped mid-path: p = limit)
     sliding window   the last w tokens [p - w, p) cached (no tombstone in that window)
-    mamba            an SSM checkpoint exactly at p (a node ending at p holds a state), or p = 0
+    mamba            an SSM checkpoint exactly at p (a node ending at p holds a state), or p = 0;
+                     no rule where the states arrive from a peer (`MambaGroup.from_peer`)
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ class RadixTree(Evictor):
                 rules.append(FullAttentionRule())
             else:
                 rules.append(SlidingWindowRule(group.window, slot))
-        if self.state_type is not None:
-            rules.append(MambaRule())
+        if self.state_type is not None and self.spec.keeps_states:
+            rules.append(MambaRule())  # states sent by a peer (a PD decode worker's): no rule
         return tuple(rules)
 
     # ------------------------------------------------------------------ look-ups

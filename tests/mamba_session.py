@@ -96,15 +96,19 @@ class Session:
         host_bw: float = 25.0,
         kv_size: int = 1024,
         host_ratio: float = 0.0,
+        from_peer: bool = False,
     ) -> None:
         """`int8_slots` > 0: `--enable-int8-mamba-checkpoint`, SGLang's int8 checkpoint pool
         of that many slots beside the Mamba pool (the tree's states live there);
         `radix_sessions`: `--enable-session-radix-cache`; `host_gb` > 0: `--jenga-host-gb`
         (`host_bw`: `--jenga-host-bw`), `host_ratio` > 0: `--enable-hierarchical-cache` with
-        that `--hicache-ratio`; `kv_size`: KV slots of the pool."""
+        that `--hicache-ratio`; `kv_size`: KV slots of the pool; `from_peer`: a PD decode
+        worker's tree (`--disaggregation-decode-enable-radix-cache`, models/spec.py
+        `states_from_peer`)."""
         from jenga_sglang.binding.cache.backend import JengaRadixCache
         from jenga_sglang.binding.options import SERVER_POLICY, JengaOptions
         from jenga_sglang.models import get_spec
+        from jenga_sglang.models.spec import states_from_peer
 
         self.sg = sg
         self.extra_buffer = extra_buffer
@@ -115,9 +119,10 @@ class Session:
         self.alloc = params.token_to_kv_pool_allocator
         self.checkpoints = self._checkpoint_pool(int8_slots) if int8_slots else None
         self.pool.mamba_ckpt_pool = self.checkpoints  # what SGLang's pool sets with the flag
+        spec = get_spec("nemotron-h-8b")
         self.cache = JengaRadixCache(
             params,
-            get_spec("nemotron-h-8b"),
+            states_from_peer(spec) if from_peer else spec,
             JengaOptions(
                 enabled=True,
                 policy=replace(SERVER_POLICY, admission=admission, prompt_end=prompt_end),

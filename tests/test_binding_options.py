@@ -302,13 +302,23 @@ def test_disaggregation_serves_the_pool_over_mooncake_only(mode: str) -> None:
         check_conflicts(role_switch)
 
 
-def test_decode_side_radix_cache_is_refused_and_stock_pd_is_untouched() -> None:
-    ns = _pd("--enable-jenga", "--no-jenga-pool")
-    ns.disaggregation_mode = "decode"
-    ns.disaggregation_decode_enable_radix_cache = True
-    with pytest.raises(JengaFlagError, match="decode-side hit needs the KV alone"):
+def test_decode_side_radix_cache_serves_on_device_only_and_stock_pd_is_untouched() -> None:
+    for pool in ((), ("--no-jenga-pool",)):
+        ns = _pd("--enable-jenga", *pool)
+        ns.disaggregation_mode = "decode"
+        ns.disaggregation_decode_enable_radix_cache = True
+        check_conflicts(ns)  # our tree on the decode side, matching on the KV alone
+        ns.enable_hierarchical_cache = True
+        with pytest.raises(JengaFlagError, match="keeps its tree on device only"):
+            check_conflicts(ns)
+        ns.enable_hierarchical_cache, ns.jenga_host_gb = False, 4.0
+        with pytest.raises(JengaFlagError, match="keeps its tree on device only"):
+            check_conflicts(ns)
+        ns.disaggregation_mode = "prefill"  # the flag is the decode side's: prefill ignores it
+        ns.disaggregation_bootstrap_port = 8998
         check_conflicts(ns)
     stock = _pd()
     stock.disaggregation_mode = "decode"
     stock.disaggregation_decode_enable_radix_cache = True
+    stock.enable_hierarchical_cache = True
     check_conflicts(stock)  # without --enable-jenga nothing of ours applies

@@ -4,9 +4,12 @@ decode sides; the server-level run is tests/test_e2e_pd.py."""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import torch
 
-from jenga_sglang.cpu_transfer import TcpTransferEngine
+from jenga_sglang.cpu_transfer import TcpTransferEngine, received_bytes
 
 
 def _engine() -> TcpTransferEngine:
@@ -15,7 +18,10 @@ def _engine() -> TcpTransferEngine:
     return engine
 
 
-def test_a_batch_write_lands_in_the_peers_registered_memory() -> None:
+def test_a_batch_write_lands_in_the_peers_registered_memory(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jenga_sglang.cpu_transfer")
     sender, receiver = _engine(), _engine()
     source = torch.arange(64, dtype=torch.float32)
     target = torch.zeros(64, dtype=torch.float32)
@@ -29,6 +35,7 @@ def test_a_batch_write_lands_in_the_peers_registered_memory() -> None:
         [4 * count for _, count in runs],
     )
     assert status == 0
+    assert received_bytes(caplog.text) == 4 * 16  # what pd_cpu reports as moved
     expected = torch.zeros(64)
     for start, count in runs:
         expected[start : start + count] = source[start : start + count]
@@ -36,7 +43,10 @@ def test_a_batch_write_lands_in_the_peers_registered_memory() -> None:
     assert sender.send_probe(peer) == 0  # an empty batch: the peer answers
 
 
-def test_a_write_outside_registered_memory_is_refused_and_writes_nothing() -> None:
+def test_a_write_outside_registered_memory_is_refused_and_writes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="jenga_sglang.cpu_transfer")
     sender, receiver = _engine(), _engine()
     source = torch.ones(16)
     target = torch.zeros(16)
@@ -50,6 +60,7 @@ def test_a_write_outside_registered_memory_is_refused_and_writes_nothing() -> No
     )
     assert inside_then_outside == -1
     assert target[:4].eq(1).all() and target[4:].eq(0).all()  # the refused run wrote nothing
+    assert received_bytes(caplog.text) == 4 * 4  # only the run inside counts
     assert receiver.unregister_memory(target.data_ptr()) == 0
     assert sender.transfer_sync_write(peer, source.data_ptr(), target.data_ptr(), 4) == -1
 

@@ -3,8 +3,9 @@ state moved between the two processes by the TCP stand-in for Mooncake's engine
 (jenga_sglang/cpu_transfer.py): `jenga`, the Jenga pool on both sides (its page regions are
 what the engine moves, binding/pools/transfer.py), and `jenga-no-pool`, our tree on the prefill
 side over SGLang's pools with a stock decode side. Over the pool, four requests are aborted
-first (both sides, either side alone; in the bootstrap, the transfer and decode). `make pd-cpu`
-runs the study, stock beside it."""
+first (both sides, either side alone; in the bootstrap, the transfer and decode). And the pool
+with the decode side's own radix cache, whose hits need the KV alone. `make pd-cpu` runs the
+study, stock beside it."""
 
 from __future__ import annotations
 
@@ -47,3 +48,22 @@ def test_a_session_served_disaggregated_replies_as_one_server_and_hits_on_prefil
     assert result["decode_cached_per_request"] == result["prefill_cached_per_request"]
     assert result["prefill_rounds"] == result["requests"]  # no extra round for the hits
     assert result["tracebacks"] == 0
+
+
+def test_the_decode_sides_own_tree_hits_on_kv_alone(
+    tiny_model: Path, tmp_path: Path, expected: list[list[int]]
+) -> None:
+    """`--disaggregation-decode-enable-radix-cache` on a jenga decode worker: the replies stay
+    one stock server's though the prefill side sends only the KV past the decode side's hit
+    (with the whole state), the second turn hits the first turn's prompt and reply there, and
+    the first fork, which the prefill side misses, hits its shared prefix on the decode side,
+    where no state lies (the decode tree keeps none)."""
+    result = pd_cpu.run_variant(str(tiny_model), "jenga-decode-tree", ARGS, tmp_path)
+    assert result["replies"] == expected
+    assert result["alive_after"] and result["leak_reports"] == 0 and result["tracebacks"] == 0
+    prefill = result["prefill_cached_per_request"]
+    decode = result["decode_cached_per_request"]
+    assert prefill[0] == decode[0] == 0 and prefill[2] == 0, result
+    assert decode[1] == ARGS.reply_tokens - 1 + prefill[1] > prefill[1], result
+    assert decode[2] >= pd_cpu.FORK_AT and decode[3] >= pd_cpu.FORK_AT, result
+    assert result["prefill_rounds"] == result["requests"]

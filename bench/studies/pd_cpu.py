@@ -7,26 +7,26 @@ with jenga (docs/sglang.md, "Prefill-decode disaggregation").
 
 Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
 (`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
-jenga with the Jenga pool on both sides; our tree over SGLang's pools on the prefill side, and
-on both), SGLang's Mooncake transfer backend with the engine stood in for by loopback TCP
-(jenga_sglang/cpu_transfer.py, a CPU test shim: the KV and the Mamba state move as bytes
-between the two processes). First `--aborts` requests of their own are aborted (`ABORTS`: on
-both sides, on the prefill side alone, on the decode side alone, at 0-2.5 s: in the bootstrap,
-the transfer and decode; SGLang's PD timeouts are cut to 30 s, `PD_ENV`, so a side whose peer
-gave up fails in bounded time). Then the load, whose replies show that the aborts left the
-pools and trees sound (SGLang's idle check stops a scheduler on a leaked page). A client does
-what SGLang's
-PD router does: every request goes to both servers with the prefill server's bootstrap address
-and a fresh room. A single stock server (no PD) serves the same requests first, as the
-reference. The load (`load`) is sequential: multi-turn sessions of greedy /generate turns,
-each turn's prompt the previous prompt, its reply and new ids, then forks of each session's
+jenga with the Jenga pool on both sides; our tree over SGLang's pools on the prefill side, and on
+both; stock and jenga with the decode side's own radix cache), SGLang's Mooncake transfer backend
+with the engine stood in for by loopback TCP (jenga_sglang/cpu_transfer.py, a CPU test shim: the KV
+and the Mamba state move as bytes between the two processes). First `--aborts` requests of their
+own are aborted (`ABORTS`: on both sides, on the prefill side alone, on the decode side alone, at
+0-2.5 s: in the bootstrap, the transfer and decode; SGLang's PD timeouts are cut to 30 s, `PD_ENV`,
+so a side whose peer gave up fails in bounded time). Then the load, whose replies show that the
+aborts left the pools and trees sound (SGLang's idle check stops a scheduler on a leaked page). A
+client does what SGLang's PD router does: every request goes to both servers with the prefill
+server's bootstrap address and a fresh room. A single stock server (no PD) serves the same requests
+first, as the reference. The load (`load`) is sequential: multi-turn sessions of greedy /generate
+turns, each turn's prompt the previous prompt, its reply and new ids, then forks of each session's
 first prompt, so the prefill side's cache decides what each request recomputes.
 
-Reported per variant: whether every reply equals the reference's, the prefill side's cached
-tokens per request and its prefill rounds (the load's), the decode side's cached tokens (SGLang
-sends the prefill side's count with the first token, in the metadata buffers the engine moves
-too), what each side answered the aborted requests, whether both servers are alive after the
-load, leak reports and tracebacks in either log.
+Reported per variant: whether every reply equals the reference's, the prefill side's cached tokens
+per request and its prefill rounds (the load's), the decode side's cached tokens (SGLang sends the
+prefill side's count with the first token, in the metadata buffers the engine moves too; with the
+decode side's own radix cache, its own hit where that is longer), the bytes the decode side
+received for the load, what each side answered the aborted requests, whether both servers are alive
+after the load, leak reports and tracebacks in either log.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ from jenga_sglang.bench.drivers.faults import (
 )
 from jenga_sglang.bench.drivers.server import LocalServer, free_port
 from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
+from jenga_sglang.cpu_transfer import received_bytes
 
 _JENGA = ("--enable-jenga", "--no-jenga-pool")
+_DECODE_TREE = "--disaggregation-decode-enable-radix-cache"
 #: Per variant, the prefill server's flags and the decode server's.
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "stock": ((), ()),
@@ -61,8 +63,13 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "jenga": (("--enable-jenga",), ("--enable-jenga",)),
     # our tree over SGLang's own pools, whose buffers the transfer engines register
     "jenga-no-pool": (_JENGA, ()),
-    # and on the decode side too (without SGLang's decode radix cache, which we refuse)
+    # and on the decode side too
     "jenga-both-no-pool": (_JENGA, _JENGA),
+    # the decode side's own radix cache: a decode hit means its KV is not sent again (the
+    # prefill side is told `decode_prefix_len`); stock's hits end at its Mamba states, ours
+    # need the KV alone (the state always comes from prefill)
+    "stock-decode-tree": ((), (_DECODE_TREE,)),
+    "jenga-decode-tree": (("--enable-jenga",), ("--enable-jenga", _DECODE_TREE)),
 }
 PD_FLAGS = ("--disaggregation-transfer-backend", "mooncake", "--disable-overlap-schedule")
 #: A request whose peer gave up fails after this many seconds instead of SGLang's 300.
@@ -137,6 +144,7 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
         sides = {"prefill": prefill.url, "decode": decode.url}
         aborted = [_aborted(args, i, boot, sides, pool) for i in range(args.aborts)]
         rounds_before = prefill_rounds(logs[0].read_text(errors="replace"))  # the aborted ones
+        bytes_before = received_bytes(logs[1].read_text(errors="replace"))
 
         def ask(kind: str, prompt: list[int]) -> list[int]:
             # as SGLang's PD router does: both sides, the prefill side's bootstrap, a new room
@@ -158,6 +166,7 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
 
         load(args, ask)
         rounds = prefill_rounds(logs[0].read_text(errors="replace")) - rounds_before
+        moved = received_bytes(logs[1].read_text(errors="replace")) - bytes_before
         alive = all(health(url) for url in sides.values())  # (a health check prefills too)
     texts = [log.read_text(errors="replace") for log in logs]
     return {
@@ -169,6 +178,7 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
         "decode_cached_per_request": [r["decode_cached"] for r in rows],
         "kinds": [r["kind"] for r in rows],
         "prefill_rounds": rounds,
+        "decode_received_bytes": moved,
         "aborted": aborted,
         "leak_reports": sum(text.count("memory leak detected") for text in texts),
         "alive_after": alive,

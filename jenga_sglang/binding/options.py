@@ -364,8 +364,9 @@ def check_disaggregation(args: argparse.Namespace) -> None:
       SGLang's Mooncake backend only (its generic transfer: pointer + row x item length, runs
       merged), so another `--disaggregation-transfer-backend` is refused with the pool, as is
       `--enable-pd-role-switch` (a worker that changes sides keeps both sides' pools).
-    * Our tree on the decode side (`--disaggregation-decode-enable-radix-cache`): there a hit
-      needs the KV alone, since the state arrives from prefill; that rule is not built.
+    * Our tree on the decode side (`--disaggregation-decode-enable-radix-cache`) matches on the
+      KV alone, since the state arrives from prefill (binding/cache/factory.py). It keeps
+      nothing in host memory: with a host tier on that side it is refused.
     """
     mode = getattr(args, "disaggregation_mode", None) or "null"
     switch = bool(getattr(args, "enable_pd_role_switch", False))
@@ -382,12 +383,15 @@ def check_disaggregation(args: argparse.Namespace) -> None:
             "decode workers only; pass --no-jenga-pool (SGLang's pools under our tree; "
             "docs/sglang.md, 'Prefill-decode disaggregation')"
         )
-    if mode == "decode" and getattr(args, "disaggregation_decode_enable_radix_cache", False):
+    decode_tree = mode == "decode" and getattr(
+        args, "disaggregation_decode_enable_radix_cache", False
+    )
+    tier = getattr(args, "enable_hierarchical_cache", False) or getattr(args, "jenga_host_gb", None)
+    if decode_tree and tier:
         raise JengaFlagError(
-            "--enable-jenga conflicts with --disaggregation-mode decode "
-            "--disaggregation-decode-enable-radix-cache: a decode-side hit needs the KV alone "
-            "(the state arrives from prefill), a rule the jenga tree does not have; leave the "
-            "decode side without --enable-jenga"
+            "--enable-jenga on a decode worker with --disaggregation-decode-enable-radix-cache "
+            "keeps its tree on device only: drop --enable-hierarchical-cache / --jenga-host-gb "
+            "there (SGLang's decode-side restore from host is not served by our tier)"
         )
 
 

@@ -135,6 +135,10 @@ class MambaGroup:
     #: state's own dtype before quantization; () for none.
     temporal_scale_shape: tuple[int, ...] = ()
     temporal_scale_dtype: DType = DType.FP32
+    #: The states arrive with each request from a peer (`states_from_peer`: a PD decode
+    #: worker gets the prefill side's state beside the KV), so the tree keeps none of them
+    #: and every prefix is valid for this group.
+    from_peer: bool = False
 
     def __post_init__(self) -> None:
         _check_positive(self.name, num_layers=self.num_layers)
@@ -219,6 +223,11 @@ class ModelSpec:
         return bool(self.mamba_groups)
 
     @property
+    def keeps_states(self) -> bool:
+        """Whether the tree holds SSM checkpoints: a Mamba group whose states no peer sends."""
+        return any(not g.from_peer for g in self.mamba_groups)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes of one token across every attention group."""
         return sum(g.kv_bytes_per_token for g in self.attention_groups)
@@ -261,3 +270,18 @@ def int8_checkpoints(spec: ModelSpec) -> ModelSpec:
                         temporal_scale_dtype=g.temporal_dtype)  # fmt: skip
         groups.append(g)
     return replace(spec, groups=tuple(groups), source=f"{spec.source}; int8 checkpoints")
+
+
+def states_from_peer(spec: ModelSpec) -> ModelSpec:
+    """`spec` on a prefill-decode disaggregation decode worker with a radix cache of its own
+    (SGLang's `--disaggregation-decode-enable-radix-cache`): every request's SSM state arrives
+    from the prefill worker with its KV suffix, so a decode-side hit needs the KV alone and the
+    tree keeps no checkpoints (`MambaGroup.from_peer`). The pools still hold each running
+    request's state: the groups keep their shapes. ValueError for a spec without Mamba layers
+    (there the decode tree is a plain KV tree already)."""
+    if not spec.has_mamba:
+        raise ValueError(f"model spec {spec.name!r} has no SSM states to take from a peer")
+    groups = tuple(
+        replace(g, from_peer=True) if isinstance(g, MambaGroup) else g for g in spec.groups
+    )
+    return replace(spec, groups=groups, source=f"{spec.source}; states from the prefill peer")

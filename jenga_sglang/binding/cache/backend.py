@@ -369,7 +369,7 @@ class JengaRadixCache(RequestPath, MemoryCalls, BasePrefixCache):  # type: ignor
             0 ...... hit ...... branch ...... len(input)
                       |-- prefill: states captured at the planned positions --|
         """
-        if self.state_type is None:
+        if not self.spec.keeps_states:  # no Mamba layers, or their states come from a peer
             return Planned()  # plans nothing: SGLang decides what it inserts
         input_len = len(whole)
         # A prompt-end state is planned when decoding follows, and, captured in-pass, also when

@@ -14,7 +14,7 @@ from jenga_sglang.binding.cache.compat import (
 from jenga_sglang.binding.options import JengaOptions, options_of
 from jenga_sglang.models.config import spec_from_hf_config, supported_architectures
 from jenga_sglang.models.hf_fields import ConfigError
-from jenga_sglang.models.spec import ModelSpec, int8_checkpoints
+from jenga_sglang.models.spec import ModelSpec, int8_checkpoints, states_from_peer
 
 #: Architectures whose SSM layers are SGLang's `MambaMixer2` (sglang/srt/models/nemotron_h.py,
 #: mamba2.py, granitemoehybrid.py, falcon_h1.py; tests/test_inpass_capture.py checks the list
@@ -50,8 +50,34 @@ __all__ = [
     "UnsupportedModelError",
     "build_tree_cache",
     "captures_in_pass",
+    "check_decode_tree",
+    "decode_radix_cache",
     "spec_from_model_config",
 ]
+
+
+def decode_radix_cache() -> bool:
+    """This scheduler is a PD decode worker with a radix cache of its own
+    (`--disaggregation-mode decode --disaggregation-decode-enable-radix-cache`)."""
+    from sglang.srt.runtime_context import get_disagg
+
+    disagg = get_disagg()
+    return disagg.disaggregation_mode == "decode" and bool(
+        disagg.disaggregation_decode_enable_radix_cache
+    )
+
+
+def check_decode_tree(spec: ModelSpec) -> None:
+    """What a decode worker's tree with states from the prefill side does not serve:
+    sliding-window groups (SGLang transfers their window tail fresh and caps the decode
+    match short of it, a rule our window group does not have)."""
+    windows = [g.name for g in spec.attention_groups if g.window is not None]
+    if windows:
+        raise UnsupportedModelError(
+            "--enable-jenga with --disaggregation-decode-enable-radix-cache serves hybrid "
+            f"Mamba models, not sliding-window groups ({', '.join(windows)}): drop the flag on "
+            "the decode side or leave that side without --enable-jenga"
+        )
 
 
 def spec_from_model_config(model_config: Any, tp_size: int) -> ModelSpec:
@@ -87,6 +113,10 @@ def build_tree_cache(ctx: Any) -> Any:
     else:  # one KV pool keeps every layer's KV for every token
         spec = fold_windows(spec)
     spec = with_token_slots(spec)  # pure Mamba2: SGLang's token slots still need a group
+    if decode_radix_cache():  # a PD decode worker's own radix cache
+        check_decode_tree(spec)
+        if spec.has_mamba:  # hits need the KV alone: the state comes with the KV suffix
+            spec = states_from_peer(spec)
     if getattr(ctx.params.req_to_token_pool, "mamba_ckpt_pool", None) is not None:
         spec = int8_checkpoints(spec)  # the tree's states are SGLang's int8 checkpoints
     inpass = options.capture == "in-pass" and captures_in_pass(ctx.model_config)

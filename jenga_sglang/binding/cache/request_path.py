@@ -6,7 +6,9 @@ our admission planned (captured in-pass, binding/cache/captures.py, or handed ov
 request's own slot, binding/cache/mamba_state.py), points the request's row at the tree's
 slots and moves its lock to the node its insert ended at. With int8 checkpoints the tree gets
 quantized copies of those states (mamba_state.py `quantize`), and a finished request of an open
-radix session leaves its path locked for the session (sessions.py). `JengaRadixCache`
+radix session leaves its path locked for the session (sessions.py). On a PD decode worker with
+a radix cache of its own the tree keeps no states (`MambaGroup.from_peer`): each request's
+arrives from the prefill side, and goes back to the pool when it finishes. `JengaRadixCache`
 (backend.py) takes these methods from here, so that module keeps the rest of the
 `BasePrefixCache` contract.
 """
@@ -22,6 +24,7 @@ from jenga_sglang.binding.cache.plans import Planned, RequestPlans
 from jenga_sglang.binding.cache.sessions import SessionLocks
 from jenga_sglang.binding.slots.sglang_slots import SglangSlots
 from jenga_sglang.binding.slots.tree import Adopted, SlotTree
+from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.tuning import AlphaTuner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.node import Node
@@ -32,6 +35,7 @@ class RequestPath:
     """`checkpoint` and `on_release` of `JengaRadixCache`, over the attributes it sets."""
 
     cache: PrefixCache
+    spec: ModelSpec
     slots: SglangSlots
     slot_tree: SlotTree
     plans: RequestPlans
@@ -155,6 +159,8 @@ class RequestPath:
         plan marks the end expendable); while running only on the cut path (no in-pass
         capture), where the chunk just ended at a planned position (prefill_cut)."""
         if self.handover is None or (finished and planned.expendable_from is not None):
+            return None
+        if not self.spec.keeps_states:  # a PD decode worker's: the next request's comes too
             return None
         if finished:
             return self.handover.capture(req, up_to, True)
