@@ -119,6 +119,34 @@ def test_attention_only_every_page_is_published_until_evicted() -> None:
     assert router.paths() == _usable_paths(cache) and len(router.blocks) < 43
 
 
+def test_a_decode_workers_tree_publishes_every_page_as_attention_only_does() -> None:
+    """A PD decode worker's tree (`states_from_peer`): its hits need the KV alone, so every
+    page is published, though the model has Mamba layers."""
+    from test_binding_backend import _params
+
+    from jenga_sglang.binding.cache.backend import JengaRadixCache
+    from jenga_sglang.binding.options import JengaOptions
+    from jenga_sglang.binding.slots.kv_events import attach
+    from jenga_sglang.models import get_spec
+    from jenga_sglang.models.spec import states_from_peer
+
+    params = _params(True, 256)
+    spec = states_from_peer(get_spec("nemotron-h-8b"))
+    cache = JengaRadixCache(params, spec, JengaOptions(enabled=True))
+    assert attach(cache, True) is not None and cache.state_type is not None
+    allocator, req_pool = params.token_to_kv_pool_allocator, params.req_to_token_pool
+    router = BlockIndex(strict=True)
+    _insert(cache, allocator, req_pool, [*SHARED, 1, 2], state=False)
+    _insert(cache, allocator, req_pool, [*SHARED, 3], state=False)
+    router.apply(cache.take_events())
+    assert len(router.blocks) == 43 and router.predicted_hit([*SHARED, 3, 9]) == 41
+    hit = cache.match_prefix(_sg().bpc.MatchPrefixParams(key=_key([*SHARED, 3, 9])))
+    assert hit.device_prefix_len == 41  # the prediction is the worker's hit
+    cache.evict(_sg().bpc.EvictParams(num_tokens=2))
+    router.apply(cache.take_events())
+    assert len(router.blocks) == 41
+
+
 def test_namespaces_publish_blocks_of_their_own() -> None:
     cache, allocator, req_pool = _setup(mamba=True)
     first = [*SHARED, 60, 61]

@@ -24,14 +24,16 @@ Here a span is published only where a hit is usable under every layer type's rul
   node end a match's split made is published only once an insert passes through it (under,
   never over);
 * with full attention only, every KV page (a hit may end after any page); the page's first
-  KV slot names it, and its eviction removes it.
+  KV slot names it, and its eviction removes it. So too on a PD decode worker's own radix
+  cache, whose hits need the KV alone (the prefill side sends the state: `states_from_peer`).
 
 With the host tier (`--jenga-host-gb`, binding/host/) a span stays published while what names
 it is in host memory: a hit on it is served (the load-back, reported as cached), so a router
 should count it. A demotion moves the span from the device slot to the host id its copy went
 to (`demoted`), a load-back moves it to the fresh device slot (`loaded_back`), and it is
 removed only when the host copy goes (`host_freed`: host eviction, or the tier dropping it).
-Only the keyed page type's moves count (`keyed`: the state type, else the full KV type).
+Only the keyed page type's moves count (`keyed`: the state type where hits end at states,
+else the full KV type).
 
 Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet, and each
 store names its namespace as SGLang's own cache does: `cache_salt`, and `lora_name` where the
@@ -243,8 +245,10 @@ def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEv
     names a namespace's stores (`HitSpanEvents`)."""
     if not enabled or cache.disable:
         return None
-    whole_paths = cache.state_type is not None or cache.slots.window is not None
-    keyed = cache.state_type or cache.slots.kv_type
+    # a PD decode worker's tree keeps no states (its peer sends them): every page is a hit
+    states = cache.state_type if cache.spec.keeps_states else None
+    whole_paths = states is not None or cache.slots.window is not None
+    keyed = states or cache.slots.kv_type
     events = HitSpanEvents(cache.page_size, whole_paths, labels, keyed)
     cache.kv_events = events
     cache.slot_tree.events = events

@@ -114,8 +114,9 @@ class SglangSlots:
 
     def give_back(self, ptype: PageType, ids: Ids) -> None:
         """Hand ids the tree freed to the SGLang allocator they came from (and their spans'
-        removal to the event recorder: a state, or a KV page without a Mamba group)."""
-        if self.events is not None and ptype == (self.state_type or self.kv_type):
+        removal to the event recorder, for the type whose slots name its spans: a state, or a
+        KV page where hits need no state)."""
+        if self.events is not None and ptype == self.events.keyed:
             self.events.freed(ids.tolist())
         if self.window is not None:
             if ptype == self.kv_type:

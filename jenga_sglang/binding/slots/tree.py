@@ -44,6 +44,8 @@ class SlotTree:
         self.kv_slot = cache.kv_types.index(slots.kv_type)  # the full group's index
         window = slots.window_type
         self.window_slot = None if window is None else cache.kv_types.index(window)
+        # hits end at checkpoints: not on a PD decode worker, whose peer sends the states
+        self.hits_at_states = slots.state_type is not None and cache.tree.spec.keeps_states
         self.events: HitSpanEvents | None = None  # set by kv_events.attach when events are on
 
     def adopt(
@@ -103,7 +105,7 @@ class SlotTree:
         With a window group only ends whose window the tree holds (slots/kv_events.py)."""
         assert self.events is not None
         page = self.cache.tree.page
-        if self.slots.state_type is not None:
+        if self.hits_at_states:
             spans = sorted(taken.items())
         elif self.window_slot is not None:
             spans = self._window_ends(node.path_from_root(), max(present, 1), len(tokens))
@@ -133,7 +135,7 @@ class SlotTree:
         assert self.events is not None
         page = self.cache.tree.page
         spans: list[tuple[int, int]] = []
-        if self.slots.state_type is not None:
+        if self.hits_at_states:
             for n in path:
                 spans += [(at, int(page_ids(state)[0])) for at, state in n.inner]
                 if n.state is not None:
