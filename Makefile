@@ -6,7 +6,7 @@ STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install demo test test-full lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
-	scale-tp scale-dp scale-dp-full window-events speculative-cpu pd-cpu
+	scale-tp scale-dp scale-dp-full window-events speculative-cpu pd-cpu pd-cpu-tp
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
 # after a source edit it is stale and set aside (pure Python, with a warning) until rebuilt.
@@ -92,11 +92,17 @@ speculative-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-model \
 	    --out out/speculative-cpu
 
-# Prefill-decode disaggregation on the tiny NemotronH, stock and our tree on the prefill side
-# (SGLang's Mooncake backend over the TCP stand-in of jenga_sglang/cpu_transfer.py): replies
-# against one stock server, cached tokens on each side (about 6 minutes).
+# Prefill-decode disaggregation on the tiny NemotronH, stock and jenga (the pool on both sides,
+# our tree over SGLang's pools, the decode side's own radix cache), SGLang's Mooncake backend
+# over the TCP stand-in of jenga_sglang/cpu_transfer.py: replies against one stock server,
+# cached tokens on each side, bytes moved, aborts first (about 17 minutes).
 pd-cpu: tiny-model
 	$(PY) -m jenga_sglang.bench.studies.pd_cpu --model data/tiny-model --out out/pd-cpu
+
+# The same with two tensor-parallel ranks per server on both sides (about 14 minutes).
+pd-cpu-tp: tiny-model
+	$(PY) -m jenga_sglang.bench.studies.pd_cpu --model data/tiny-model --tp 2 \
+	    --variants stock,jenga,jenga-decode-tree --out out/pd-cpu-tp
 
 data/tiny-gpt_oss/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 	$(PY) scripts/make_tiny_model.py --family gpt_oss --out data/tiny-gpt_oss

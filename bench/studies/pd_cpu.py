@@ -3,7 +3,7 @@ with jenga (docs/sglang.md, "Prefill-decode disaggregation").
 
     jenga-bench pd-cpu [--model data/tiny-model] [--variants stock,jenga]
         [--sessions 3] [--turns 3] [--forks 2] [--reply-tokens 12] [--aborts 4]
-        [--server-flags FLAGS] [--out out/pd-cpu]
+        [--tp 1] [--server-flags FLAGS] [--out out/pd-cpu]
 
 Each variant is a prefill server (`--disaggregation-mode prefill`) and a decode server
 (`--disaggregation-mode decode`), each with the variant's flags for its side (`VARIANTS`: stock;
@@ -17,7 +17,8 @@ so a side whose peer gave up fails in bounded time). Then the load, whose replie
 aborts left the pools and trees sound (SGLang's idle check stops a scheduler on a leaked page). A
 client does what SGLang's PD router does: every request goes to both servers with the prefill
 server's bootstrap address and a fresh room. A single stock server (no PD) serves the same requests
-first, as the reference. The load (`load`) is sequential: multi-turn sessions of greedy /generate
+first, as the reference. `--tp N` gives every server, the reference's too, N tensor-parallel
+ranks (`_parallel`). The load (`load`) is sequential: multi-turn sessions of greedy /generate
 turns, each turn's prompt the previous prompt, its reply and new ids, then forks of each session's
 first prompt, so the prefill side's cache decides what each request recomputes.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import sys
@@ -49,7 +51,7 @@ from jenga_sglang.bench.drivers.faults import (
     post_generate,
     unexpected_tracebacks,
 )
-from jenga_sglang.bench.drivers.server import LocalServer, free_port
+from jenga_sglang.bench.drivers.server import LocalServer, free_port, free_port_below
 from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
 from jenga_sglang.cpu_transfer import received_bytes
 
@@ -112,8 +114,11 @@ def load(args: argparse.Namespace, ask: Ask) -> None:
 def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]]:
     """Every request's reply from one stock server (no PD), in `load`'s order."""
     replies: list[list[int]] = []
-    flags = shlex.split(args.server_flags)
-    with LocalServer(model, flags, log=out / "reference.log") as server:
+    flags, env, port = _parallel(args)
+    with LocalServer(
+        model, [*flags, *shlex.split(args.server_flags)], log=out / "reference.log", env=env,
+        port=port(), ready_timeout_s=900,
+    ) as server:  # fmt: skip
 
         def ask(kind: str, prompt: list[int]) -> list[int]:
             body = generate_body(server.url, {"input_ids": prompt, **_sampling(args)})
@@ -126,19 +131,21 @@ def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]
 
 def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     boot = free_port()
+    tp, tp_env, port = _parallel(args)
+    env = {**PD_ENV, **tp_env}
     prefill_flags = (
         "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
-        *PD_FLAGS, *VARIANTS[variant][0], *shlex.split(args.server_flags),
+        *PD_FLAGS, *tp, *VARIANTS[variant][0], *shlex.split(args.server_flags),
     )  # fmt: skip
     decode_flags = (
-        "--disaggregation-mode", "decode", *PD_FLAGS, *VARIANTS[variant][1],
+        "--disaggregation-mode", "decode", *PD_FLAGS, *tp, *VARIANTS[variant][1],
         *shlex.split(args.server_flags),
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
     logs = out / f"{variant}-prefill.log", out / f"{variant}-decode.log"
     with (
-        LocalServer(model, prefill_flags, log=logs[0], env=PD_ENV) as prefill,
-        LocalServer(model, decode_flags, log=logs[1], env=PD_ENV) as decode,
+        LocalServer(model, prefill_flags, log=logs[0], env=env, port=port()) as prefill,
+        LocalServer(model, decode_flags, log=logs[1], env=env, port=port()) as decode,
         ThreadPoolExecutor(2) as pool,
     ):
         sides = {"prefill": prefill.url, "decode": decode.url}
@@ -217,6 +224,23 @@ def _aborted(
     }
 
 
+def _parallel(
+    args: argparse.Namespace,
+) -> tuple[tuple[str, ...], dict[str, str], Callable[[], int | None]]:
+    """`--tp N` > 1: the flags and environment of N tensor-parallel ranks per server (rank i
+    on core i mod the CPU count, as `scale_tp` runs them; the CPU shim turns pynccl off), and
+    HTTP ports under SGLang's range for its own ports and under the kernel's ephemeral range:
+    a TP server starts slowly, and a port picked by binding port 0 was taken by another
+    socket before it bound (seen 2026-11-30). At 1: nothing added, SGLang's defaults."""
+    tp = int(getattr(args, "tp", 1))
+    if tp <= 1:
+        return (), {}, lambda: None
+    cores = os.cpu_count() or 1
+    bind = "|".join(str(rank % cores) for rank in range(tp))
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": bind}
+    return ("--tp-size", str(tp)), env, lambda: free_port_below(22000)
+
+
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     return {"sampling_params": {"max_new_tokens": args.reply_tokens, "temperature": 0.0}}
 
@@ -235,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="more SGLang flags for every server (the reference's too), after the study's own",
     )
+    p.add_argument(
+        "--tp", type=int, default=1, help="tensor-parallel ranks of every server, both sides"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/pd-cpu")
     args = p.parse_args(argv)
@@ -242,8 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    if min(args.sessions, args.turns, args.reply_tokens) < 1 or min(args.forks, args.aborts) < 0:
-        p.error("--sessions, --turns and --reply-tokens must be >= 1, --forks and --aborts >= 0")
+    if (
+        min(args.sessions, args.turns, args.reply_tokens, args.tp) < 1
+        or min(args.forks, args.aborts) < 0
+    ):
+        p.error(
+            "--sessions, --turns, --reply-tokens and --tp must be >= 1, --forks and --aborts >= 0"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     expected = reference(args.model, args, out)
