@@ -160,7 +160,7 @@ class RequestPath:
         capture), where the chunk just ended at a planned position (prefill_cut)."""
         if self.handover is None or (finished and planned.expendable_from is not None):
             return None
-        if not self.spec.keeps_states:  # a PD decode worker's: the next request's comes too
+        if not self.spec.keeps_states:  # a PD decode worker's tree: prefill sends each state
             return None
         if finished:
             return self.handover.capture(req, up_to, True)
