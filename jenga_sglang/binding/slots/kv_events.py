@@ -245,10 +245,10 @@ def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEv
     names a namespace's stores (`HitSpanEvents`)."""
     if not enabled or cache.disable:
         return None
-    # a PD decode worker's tree keeps no states (its peer sends them): every page is a hit
-    states = cache.state_type if cache.spec.keeps_states else None
-    whole_paths = states is not None or cache.slots.window is not None
-    keyed = states or cache.slots.kv_type
+    # hits end at states, unless a PD decode worker's peer sends them: then every page is one
+    at_states = cache.slot_tree.hits_at_states
+    whole_paths = at_states or cache.slots.window is not None
+    keyed = cache.state_type if at_states else cache.slots.kv_type
     events = HitSpanEvents(cache.page_size, whole_paths, labels, keyed)
     cache.kv_events = events
     cache.slot_tree.events = events
