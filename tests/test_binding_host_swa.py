@@ -77,6 +77,7 @@ def test_a_routers_view_follows_the_window_to_host_and_back(page: int) -> None:
     def synced() -> None:
         router.apply(s.cache.take_events())
         assert router.paths() == _window_usable_paths(s.cache)
+        s.cache.kv_events.check_integrity()
 
     prompt, reply = toks(100, 60), toks(300, 4)
     s.serve(prompt, reply)

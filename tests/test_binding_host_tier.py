@@ -349,7 +349,7 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     from test_kv_events import _usable_paths
 
     from jenga_sglang.bench.drivers.kv_index import BlockIndex
-    from jenga_sglang.binding.slots.kv_events import attach
+    from jenga_sglang.binding.slots.kv_events import attach, chain_hashes
 
     s = tiered(sg)
     assert attach(s.cache, True) is not None
@@ -358,6 +358,7 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     def synced() -> None:
         router.apply(s.cache.take_events())
         assert router.paths() == _usable_paths(s.cache)
+        s.cache.kv_events.check_integrity()
 
     first_in, first_out = tokens(0, 100), tokens(3, 6)
     s.serve(first_in, first_out)
@@ -371,10 +372,13 @@ def test_kv_events_follow_a_state_to_host_and_back(sg: Any) -> None:
     synced()
     predicted = router.predicted_hit(history + tokens(5, 12))
     assert predicted >= 100  # on host, still a hit: the router keeps it
+    deepest = chain_hashes(history[:predicted], s.cache.page_size)[-1]
+    assert deepest in router.on("host") and deepest not in router.on("device")
     req = s.admit(history + tokens(5, 12), 4)
     hit = int(req.prefix_len)
     assert s.cache.host_hit_tokens > 0 and hit == predicted
-    synced()  # the load-back moved the spans to device slots: nothing republished
+    synced()  # the load-back stored the span on the device again and removed its host copy
+    assert deepest in router.on("device") and deepest not in router.on("host")
     assert router.predicted_hit(history + tokens(5, 12)) == hit
     s.prefill(req, 7)
     s.decode_and_finish(req, history + tokens(5, 12), [7, 8, 9, 10])
@@ -398,6 +402,7 @@ def test_kv_events_remove_a_span_when_its_host_copy_goes(sg: Any) -> None:
     def synced() -> None:
         router.apply(s.cache.take_events())
         assert router.paths() == _usable_paths(s.cache)
+        s.cache.kv_events.check_integrity()
 
     history = tokens(0, 100) + tokens(3, 6)
     s.serve(tokens(0, 100), tokens(3, 6))

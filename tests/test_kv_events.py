@@ -88,6 +88,7 @@ def test_mamba_spans_end_at_checkpoints_and_go_with_them() -> None:
     stored = cache.take_events()
     assert [type(e).__name__ for e in stored] == ["BlockStored"]
     assert stored[0].token_ids == first and stored[0].parent_block_hash is None
+    assert stored[0].medium == "GPU"  # the tier, as SGLang's own stores name it
     router.apply(stored)
     _insert(cache, allocator, req_pool, [*first, 70, 71, 72], state=False)  # KV, no state
     assert cache.take_events() == []  # no hit can end there: nothing published
@@ -104,6 +105,7 @@ def test_mamba_spans_end_at_checkpoints_and_go_with_them() -> None:
         cache.evict(_sg().bpc.EvictParams(num_tokens=n))
         router.apply(cache.take_events())
         assert router.paths() == _usable_paths(cache)
+        cache.kv_events.check_integrity()
     assert not router.blocks and cache.kv_events.published() == 0
 
 
@@ -239,6 +241,7 @@ def test_window_spans_end_where_the_window_is_held(page: int) -> None:
     def synced() -> None:
         router.apply(s.cache.take_events())
         assert router.paths() == _window_usable_paths(s.cache)
+        s.cache.kv_events.check_integrity()
 
     prompts = [toks(1000 * (k + 1), 30) for k in range(6)]
     for p in prompts:
@@ -280,3 +283,28 @@ def _fresh_slots(s: Any, n: int) -> Any:
     zero, seq = torch.tensor([0]), torch.tensor([n])
     last = torch.tensor([-1], dtype=torch.int64)
     return s.allocation.alloc_paged_token_slots_extend(s.cache, zero, zero, seq, seq, last, n)
+
+
+def test_the_router_model_keeps_a_block_while_either_tier_holds_it() -> None:
+    """smg 1.13's index, as BlockIndex models it: a block stored on the device and then on
+    host stays routable when its device copy is removed, and goes with its last copy; a copy
+    on disk is not indexed. A medium-blind index would lose it at the device removal."""
+    from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored
+
+    def stored(medium: str | None) -> Any:
+        return BlockStored(
+            block_hashes=[11, 12], parent_block_hash=None, token_ids=[5, 6],
+            block_size=1, lora_id=None, medium=medium,
+        )  # fmt: skip
+
+    router = BlockIndex(strict=True)
+    router.apply([stored("GPU"), stored("CPU_PINNED"), stored("DISK")])
+    assert router.on("device") == router.on("host") == {11, 12}
+    router.apply([BlockRemoved(block_hashes=[11, 12], medium="GPU")])
+    assert router.predicted_hit([5, 6, 7]) == 2 and router.on("device") == set()
+    router.apply([BlockRemoved(block_hashes=[12], medium="CPU_PINNED")])
+    assert router.predicted_hit([5, 6, 7]) == 1
+    router.apply([BlockRemoved(block_hashes=[11], medium="CPU_PINNED")])
+    assert not router.blocks and not router.copies
+    with pytest.raises(AssertionError, match="lacks"):  # strict: a copy it never had
+        router.apply([BlockRemoved(block_hashes=[11], medium="GPU")])

@@ -29,20 +29,27 @@ Here a span is published only where a hit is usable under every layer type's rul
 
 With the host tier (`--jenga-host-gb`, binding/host/) a span stays published while what names
 it is in host memory: a hit on it is served (the load-back, reported as cached), so a router
-should count it. A demotion moves the span from the device slot to the host id its copy went
-to (`demoted`), a load-back moves it to the fresh device slot (`loaded_back`), and it is
-removed only when the host copy goes (`host_freed`: host eviction, or the tier dropping it).
-Only the keyed page type's moves count (`keyed`: the state type where hits end at states,
-else the full KV type).
+should count it. Each store and removal names its tier as SGLang's HiCache does (`medium`:
+"GPU", or "CPU_PINNED" for host memory). A demotion moves the span from the device slot to the
+host id its copy went to (`demoted`): its blocks are stored on the host tier, then those no
+device span still covers are removed from the device tier. A load-back moves it back the same
+way (`loaded_back`), and the host copy's going (`host_freed`: host eviction, or the tier
+dropping it) removes it from the host tier. A block is held on a tier while a span of that
+tier covers it. smg 1.13 keeps a block routable while either tier holds a copy, so it predicts
+host hits; a router that ignores `medium` would drop the block at its device removal. Only the
+keyed page type's moves count (`keyed`: the state type where hits end at states, else the full
+KV type).
 
 Namespaces (LoRA adapters, cache salts) seed the chain, so their blocks never meet, and each
 store names its namespace as SGLang's own cache does: `cache_salt`, and `lora_name` where the
 scheduler knows the adapter's public name (`labels`, binding/cache/namespaces.py).
-A block is held with a count of the spans that cover it (published at 0 -> 1, removed at
-1 -> 0), so a shared head stays published while any checkpoint below it remains. Chained hashes
-make equal paths equal blocks. The cost is one hash per block of a new checkpoint's path, paid
-only when events are on. The tree itself calls nothing here: SlotTree reports adoptions and
-SglangSlots the slots the tree gives back (binding/slots/tree.py, slots/sglang_slots.py).
+A block is held, per tier, with a count of the spans that cover it (published at 0 -> 1,
+removed at 1 -> 0), so a shared head stays published while any checkpoint below it remains.
+Chained hashes make equal paths equal blocks. The cost is one hash per block of a new
+checkpoint's path, paid only when events are on (with a host tier, also each block's parent
+and ids, kept for its store on the other tier). The tree itself calls nothing here: SlotTree
+reports adoptions and SglangSlots the slots the tree gives back (binding/slots/tree.py,
+slots/sglang_slots.py).
 """
 
 from __future__ import annotations
@@ -55,9 +62,14 @@ from typing import Any
 from jenga_sglang.radix.pages import PageType
 
 _MASK, _SIGN = (1 << 64) - 1, 1 << 63
+#: SGLang's `StorageMedium` values for the device and the host tier (its enum names no
+#: pageable host memory; CPU_PINNED is its host tier's, and routers read it as "host").
+DEVICE, HOST = "GPU", "CPU_PINNED"
 
 #: A namespace (None: the default one) to the (cache_salt, lora_name) its stores carry.
 Labels = Callable[[str | None], tuple[str | None, str | None]]
+#: A block to publish: its hash, its parent's (None at the root) and its token ids.
+Block = tuple[int, int | None, Sequence[int]]
 
 
 def _int64(digest: bytes) -> int:
@@ -77,6 +89,40 @@ def chain_hashes(tokens: Sequence[int], page: int, namespace: str | None = None)
     return hashes
 
 
+class _Tier:
+    """The spans one tier's ids name, and per block how many of them cover it."""
+
+    __slots__ = ("count", "medium", "spans")
+
+    def __init__(self, medium: str) -> None:
+        self.medium = medium  # SGLang's StorageMedium value its events carry
+        self.spans: dict[int, list[int]] = {}  # slot or host id -> block hashes of its span
+        self.count: dict[int, int] = {}  # block hash -> spans of this tier covering it
+
+    def cover(self, key: int, blocks: list[int]) -> list[int]:
+        """Name `blocks` by `key`; the blocks this tier holds now and did not before."""
+        self.spans[key] = blocks
+        new = []
+        for h in blocks:
+            self.count[h] = self.count.get(h, 0) + 1
+            if self.count[h] == 1:
+                new.append(h)
+        return new
+
+    def uncover(self, keys: Iterable[int]) -> list[int]:
+        """Drop the spans `keys` name; the blocks this tier no longer holds."""
+        gone = []
+        for key in keys:
+            for h in self.spans.pop(int(key), ()):
+                left = self.count[h] - 1
+                if left:
+                    self.count[h] = left
+                else:
+                    del self.count[h]
+                    gone.append(h)
+        return gone
+
+
 class HitSpanEvents:
     """The recorder `BasePrefixCache.take_events()` reads (`kv_events.take()`), fed by the
     binding with the checkpoints (or KV pages) the tree adopts and the slots it frees."""
@@ -87,15 +133,18 @@ class HitSpanEvents:
         whole_paths: bool,
         labels: Labels | None = None,
         keyed: PageType | None = None,
+        host_tier: bool = False,
     ) -> None:
         self.page = page_size
         # Mamba or a window: a span is the path [0, end) to where a hit can end; else a page
         self.whole_paths = whole_paths
         self._labels = labels  # namespace -> (cache_salt, lora_name) of its stores
         self.keyed = keyed  # the page type whose slots name spans (host moves of others: no-op)
-        self._covers: dict[int, list[int]] = {}  # slot id -> block hashes of its span
-        self._host: dict[int, list[int]] = {}  # host id -> the span its demoted slot named
-        self._count: dict[int, int] = {}  # block hash -> spans covering it
+        self._device, self._host = _Tier(DEVICE), _Tier(HOST)
+        # With a host tier, what a block's store on the other tier needs: parent, ids, namespace
+        self._blocks: dict[int, tuple[int | None, list[int], str | None]] | None = (
+            {} if host_tier else None
+        )
         self._queue: list[Any] = []
         self.published_blocks = 0
         self.removed_blocks = 0
@@ -110,96 +159,102 @@ class HitSpanEvents:
     ) -> None:
         """The tree took `slot` valid after tokens[:end] in `namespace`, for each (end, slot)
         of `spans`."""
-        todo = [(end, slot) for end, slot in spans if slot not in self._covers]
+        todo = [(end, slot) for end, slot in spans if slot not in self._device.spans]
         todo = [(end, slot) for end, slot in todo if end % self.page == 0]  # whole pages only
         if not todo:
             return
         chain = chain_hashes(tokens[: max(end for end, _ in todo)], self.page, namespace)
+        page = self.page
+
+        def block(b: int) -> Block:
+            return chain[b], None if b == 0 else chain[b - 1], tokens[b * page : (b + 1) * page]
+
         for end, slot in todo:
-            blocks = end // self.page
+            blocks = end // page
             # The whole path to a checkpoint or node end; or the page alone (its parents are
             # pages the tree adopted before, or in this same insert).
             first = 0 if self.whole_paths else blocks - 1
-            self._covers[slot] = chain[first:blocks]
-            self._store(tokens, first, chain[first:blocks], chain, namespace)
+            if self._blocks is not None:
+                for b in range(first, blocks):
+                    if chain[b] not in self._blocks:
+                        h, parent, ids = block(b)
+                        self._blocks[h] = (parent, [int(t) for t in ids], namespace)
+            new = set(self._device.cover(slot, chain[first:blocks]))
+            self._publish(
+                [block(b) for b in range(first, blocks) if chain[b] in new], namespace, DEVICE
+            )
 
     def freed(self, slots: Iterable[int]) -> None:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
-        self._drop(self._covers, slots)
+        self._removed(self._device.uncover(slots), DEVICE)
 
     def demoted(self, ptype: PageType, device: Iterable[int], host: Iterable[int]) -> None:
         """The tier copied `device` slots to `host` ids (same order) before freeing them: their
-        spans stay published, named by the host ids (a hit on them is a load-back away)."""
+        spans stay published, now on the host tier (a hit on them is a load-back away)."""
         if ptype == self.keyed:
-            _move(self._covers, self._host, device, host)
+            self._move(self._device, self._host, device, host)
 
     def loaded_back(self, ptype: PageType, host: Iterable[int], device: Iterable[int]) -> None:
         """The tier copied `host` ids into fresh `device` slots: the spans follow them."""
         if ptype == self.keyed:
-            _move(self._host, self._covers, host, device)
+            self._move(self._host, self._device, host, device)
 
     def host_freed(self, ptype: PageType, host: Iterable[int]) -> None:
         """Host memory freed these ids (evicted, dropped, or loaded back): spans still named
         by them go."""
         if ptype == self.keyed:
-            self._drop(self._host, host)
+            self._removed(self._host.uncover(host), HOST)
 
-    def _drop(self, covers: dict[int, list[int]], keys: Iterable[int]) -> None:
-        """Uncount the spans `keys` name in `covers`; publish the blocks no span covers now."""
-        gone: list[int] = []
-        for key in keys:
-            for h in covers.pop(int(key), ()):
-                left = self._count[h] - 1
-                if left:
-                    self._count[h] = left
-                else:
-                    del self._count[h]
-                    gone.append(h)
-        if gone:
-            from sglang.srt.disaggregation.kv_events import BlockRemoved
+    def _move(self, source: _Tier, target: _Tier, old: Iterable[int], new: Iterable[int]) -> None:
+        """Spans named by `old[i]` on `source` are named by `new[i]` on `target`: the blocks
+        `target` did not hold are stored there first, then those `source` no longer holds are
+        removed from it, so a block never leaves a router's index in between."""
+        moved = [(int(a), int(b)) for a, b in zip(old, new, strict=True) if int(a) in source.spans]
+        if not moved:
+            return
+        assert self._blocks is not None, "a tier move without a host tier"
+        known = self._blocks
+        for a, b in moved:
+            new = target.cover(b, source.spans[a])
+            if new:  # a span's blocks are of one namespace: its chain is seeded by it
+                self._publish([(h, *known[h][:2]) for h in new], known[new[0]][2], target.medium)
+        self._removed(source.uncover(a for a, _ in moved), source.medium)
 
-            self._queue.append(BlockRemoved(block_hashes=gone))
-            self.removed_blocks += len(gone)
+    def _removed(self, gone: list[int], medium: str) -> None:
+        if not gone:
+            return
+        from sglang.srt.disaggregation.kv_events import BlockRemoved
 
-    def _store(
-        self,
-        tokens: Sequence[int],
-        first: int,
-        hashes: list[int],
-        chain: list[int],
-        namespace: str | None,
-    ) -> None:
-        """Count `hashes` (blocks first, first + 1, ...); publish those now covered once."""
-        new = []
-        for i, h in enumerate(hashes):
-            self._count[h] = self._count.get(h, 0) + 1
-            if self._count[h] == 1:
-                new.append(first + i)
-        if new:
-            self._publish(tokens, new, chain, namespace)
+        if self._blocks is not None:
+            other = self._host if medium == DEVICE else self._device
+            for h in gone:
+                if h not in other.count:
+                    del self._blocks[h]
+        self._queue.append(BlockRemoved(block_hashes=gone, medium=medium))
+        self.removed_blocks += len(gone)
 
-    def _publish(
-        self, tokens: Sequence[int], blocks: list[int], chain: list[int], namespace: str | None
-    ) -> None:
-        """One BlockStored per run of consecutive new blocks (parent: the block before)."""
+    def _publish(self, blocks: list[Block], namespace: str | None, medium: str) -> None:
+        """Publish `blocks` (each after its parent, in path order) on `medium`: a block that
+        continues the last record (it ends at the block's parent) joins it, so a run of a path
+        is one BlockStored."""
         from sglang.srt.disaggregation.kv_events import BlockStored
 
         salt, lora = (None, None) if self._labels is None else self._labels(namespace)
-
-        runs: list[list[int]] = []
-        for b in blocks:
-            if runs and runs[-1][-1] == b - 1:
-                runs[-1].append(b)
+        self.published_blocks += len(blocks)
+        runs: list[tuple[int | None, list[int], list[int]]] = []  # (parent, hashes, ids)
+        for h, parent, ids in blocks:
+            if runs and runs[-1][1][-1] == parent:
+                runs[-1][1].append(h)
+                runs[-1][2].extend(int(t) for t in ids)
             else:
-                runs.append([b])
-        page = self.page
-        for run in runs:
-            hashes = [chain[b] for b in run]
-            ids = [int(t) for t in tokens[run[0] * page : (run[-1] + 1) * page]]
-            parent = None if run[0] == 0 else chain[run[0] - 1]
-            self.published_blocks += len(run)
+                runs.append((parent, [h], [int(t) for t in ids]))
+        for parent, hashes, ids in runs:
             tail = self._queue[-1] if self._queue else None
-            if isinstance(tail, BlockStored) and tail.block_hashes[-1] == parent:
+            if (
+                isinstance(tail, BlockStored)
+                and tail.block_hashes[-1] == parent
+                and (tail.medium, tail.cache_salt, tail.lora_name) == (medium, salt, lora)
+            ):
                 tail.block_hashes.extend(hashes)  # continues the last store: one record
                 tail.token_ids.extend(ids)
                 continue
@@ -208,10 +263,11 @@ class HitSpanEvents:
                     block_hashes=hashes,
                     parent_block_hash=parent,
                     token_ids=ids,
-                    block_size=page,
+                    block_size=self.page,
                     lora_id=None,
                     cache_salt=salt,
                     lora_name=lora,
+                    medium=medium,
                 )
             )
 
@@ -223,21 +279,22 @@ class HitSpanEvents:
         return events
 
     def published(self) -> int:
-        """Blocks a router following these events holds now."""
-        return len(self._count)
+        """Blocks a router following these events holds now, on either tier."""
+        return len(self._device.count.keys() | self._host.count.keys())
 
-
-def _move(
-    source: dict[int, list[int]],
-    target: dict[int, list[int]],
-    old: Iterable[int],
-    new: Iterable[int],
-) -> None:
-    """Spans named by `old[i]` in `source` are named by `new[i]` in `target` (a tier move)."""
-    for a, b in zip(old, new, strict=True):
-        blocks = source.pop(int(a), None)
-        if blocks is not None:
-            target[int(b)] = blocks
+    def check_integrity(self) -> None:
+        """Each tier's block counts are the spans of that tier counted block by block, and
+        with a host tier every block held on either tier (and no other) has what a store on
+        the other tier needs."""
+        for tier in (self._device, self._host):
+            counted: dict[int, int] = {}
+            for blocks in tier.spans.values():
+                for h in blocks:
+                    counted[h] = counted.get(h, 0) + 1
+            assert counted == tier.count, f"{tier.medium}: block counts differ from its spans"
+        if self._blocks is not None:
+            held = self._device.count.keys() | self._host.count.keys()
+            assert self._blocks.keys() == held, "blocks kept for tier moves differ from those held"
 
 
 def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEvents | None:
@@ -249,7 +306,7 @@ def attach(cache: Any, enabled: bool, labels: Labels | None = None) -> HitSpanEv
     at_states = cache.slot_tree.hits_at_states
     whole_paths = at_states or cache.slots.window is not None
     keyed = cache.state_type if at_states else cache.slots.kv_type
-    events = HitSpanEvents(cache.page_size, whole_paths, labels, keyed)
+    events = HitSpanEvents(cache.page_size, whole_paths, labels, keyed, cache.host is not None)
     cache.kv_events = events
     cache.slot_tree.events = events
     cache.slots.events = events
