@@ -99,7 +99,11 @@ def _routed_agent_load(model: Path, tmp_path: Path) -> dict[str, Any]:
     trace = cached_trace("agent", AgentParams(sessions=2, seed=0), tmp_path / "traces")
     traces = {"agent": trace}
     config = scale_dp.client_config(max_requests=6, max_seconds=300)
-    result = scale_dp.run_one(str(model), "jenga", "cache_aware", traces, config, tmp_path)
+    spill = ("--balance-abs-threshold", "1", "--balance-rel-threshold", "1.2")  # a small fleet's
+    result = scale_dp.run_one(
+        str(model), "jenga", "cache_aware", traces, config, tmp_path, router_flags=spill
+    )
+    assert result["router_flags"] == list(spill)  # smg started with them
     agent = result["agent"]
     assert agent["requests"] == 6 and agent["errors"] == 0
     assert agent["cached_tokens"] > 0

@@ -3,7 +3,7 @@
 
     jenga-bench scale-dp [--variants stock,jenga] [--policies cache_aware,round_robin]
         [--sessions 8] [--max-requests 40] [--server-flags '--max-total-tokens 2048']
-        [--out out/scale-dp]
+        [--router-flags '--balance-abs-threshold 1'] [--out out/scale-dp]
 
 For each variant (stock SGLang, `--enable-jenga`) and router policy: two fresh SGLang workers in
 gRPC mode (`--grpc-mode`, smg-grpc-servicer), each publishing its cache's KV events
@@ -16,7 +16,9 @@ trace, each turn carrying the whole history, and single-turn requests under two 
 prompts (`SYSTEM_*`).
 
 `--server-flags` go to every worker of every variant alike (a tight `--max-total-tokens` puts
-the caches under memory pressure, where the variants differ on multi-turn loads).
+the caches under memory pressure, where the variants differ on multi-turn loads), and
+`--router-flags` to every router alike (smg's spill gate, `--balance-*-threshold`, decides when
+`cache_aware` leaves the worker holding a prefix for a less loaded one).
 
 Reported per run: requests, errors, prompt and cached tokens (the workers' usage reports),
 mean TTFT, and for `cache_aware` the router's predicted hit tokens for the same requests (its
@@ -153,6 +155,7 @@ def run_one(
     config: OnlineConfig,
     out: Path,
     server_flags: Sequence[str] = (),
+    router_flags: Sequence[str] = (),
 ) -> dict[str, Any]:
     name = f"{variant}-{policy}"
     logs = [out / f"{name}-w{core}.log" for core in (0, 1)]
@@ -166,9 +169,12 @@ def run_one(
             start.result()
         urls = [f"grpc://127.0.0.1:{w.port}" for w in workers]
         router_log = out / f"{name}-router.log"
-        router = stack.enter_context(LocalRouter(urls, policy, model=model, log=router_log))
+        router = stack.enter_context(
+            LocalRouter(urls, policy, model=model, log=router_log, extra_flags=router_flags)
+        )
         result: dict[str, Any] = {"variant": variant, "policy": policy}
         result["server_flags"] = list(server_flags)
+        result["router_flags"] = list(router_flags)
         for load, trace in traces.items():
             words = 200 if load == "system" else config.max_user_words  # the whole prompt
             summary = run_online(str(trace), replace(config, url=router.url, max_user_words=words))
@@ -222,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="more SGLang flags for every worker, e.g. --server-flags='--max-total-tokens 2048'",
     )
+    p.add_argument(
+        "--router-flags",
+        default="",
+        help="more smg flags for every router, e.g. --router-flags='--balance-abs-threshold 1'",
+    )
     args = p.parse_args(argv)
-    server_flags = shlex.split(args.server_flags)
+    server_flags, router_flags = shlex.split(args.server_flags), shlex.split(args.router_flags)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers on the way out
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     start, results = time.monotonic(), []
     for variant in args.variants.split(","):
         for policy in args.policies.split(","):
-            results.append(run_one(args.model, variant, policy, traces, config, out, server_flags))
+            results.append(
+                run_one(
+                    args.model, variant, policy, traces, config, out, server_flags, router_flags
+                )
+            )
             print(json.dumps(_without_replies(results[-1])), flush=True)
     same = identical_replies(results, list(traces))
     (out / "summary.json").write_text(json.dumps({"runs": results, "identical": same}, indent=1))
