@@ -73,3 +73,30 @@ def test_an_unreachable_peer_is_a_failed_write() -> None:
     closed._server.server_close()
     source = torch.ones(4)
     assert sender.transfer_sync_write(f"127.0.0.1:{port}", source.data_ptr(), 0, 16) == -1
+
+
+def test_two_ranks_fill_one_peers_rows_half_by_half_at_once() -> None:
+    """What a prefill TP 2 -> decode TP 1 transfer asks of the shim: two senders, at the same
+    time, each write its half of every row (a head slice) as its own short run, at byte
+    offsets that are no element's; every byte lands where it was sent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows, width, half = 96, 70, 35  # bytes: rows of 70, halves of 35
+    senders, receiver = [_engine(), _engine()], _engine()
+    sources = [torch.randint(0, 256, (rows, half), dtype=torch.uint8) for _ in senders]
+    target = torch.zeros(rows, width, dtype=torch.uint8)
+    assert receiver.register_memory(target.data_ptr(), target.numel()) == 0
+    peer = f"127.0.0.1:{receiver.get_rpc_port()}"
+
+    def send(rank: int) -> int:
+        src = sources[rank]
+        return senders[rank].batch_transfer_sync_write(
+            peer,
+            [src.data_ptr() + r * half for r in range(rows)],
+            [target.data_ptr() + r * width + rank * half for r in range(rows)],
+            [half] * rows,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(send, (0, 1))) == [0, 0]
+    assert torch.equal(target, torch.cat(sources, dim=1))
