@@ -103,7 +103,7 @@ def _routed_agent_load(model: Path, tmp_path: Path) -> dict[str, Any]:
     result = scale_dp.run_one(
         str(model), "jenga", "cache_aware", traces, config, tmp_path, router_flags=spill
     )
-    assert result["router_flags"] == list(spill)  # smg started with them
+    assert result["router_flags"] == list(spill)  # smg refuses a flag it lacks at start-up
     agent = result["agent"]
     assert agent["requests"] == 6 and agent["errors"] == 0
     assert agent["cached_tokens"] > 0
