@@ -215,9 +215,10 @@ class HitSpanEvents:
         assert self._blocks is not None, "a tier move without a host tier"
         known = self._blocks
         for a, b in moved:
-            new = target.cover(b, source.spans[a])
-            if new:  # a span's blocks are of one namespace: its chain is seeded by it
-                self._publish([(h, *known[h][:2]) for h in new], known[new[0]][2], target.medium)
+            fresh = target.cover(b, source.spans[a])
+            if fresh:  # a span's blocks are of one namespace: its chain is seeded by it
+                blocks: list[Block] = [(h, *known[h][:2]) for h in fresh]
+                self._publish(blocks, known[fresh[0]][2], target.medium)
         self._removed(source.uncover(a for a, _ in moved), source.medium)
 
     def _removed(self, gone: list[int], medium: str) -> None:
