@@ -186,7 +186,7 @@ class HitSpanEvents:
 
     def freed(self, slots: Iterable[int]) -> None:
         """The tree gave these slots back (evicted, or a state dropped): their spans go."""
-        self._removed(self._device.uncover(slots), DEVICE)
+        self._drop(self._device, slots)
 
     def demoted(self, ptype: PageType, device: Iterable[int], host: Iterable[int]) -> None:
         """The tier copied `device` slots to `host` ids (same order) before freeing them: their
@@ -203,7 +203,7 @@ class HitSpanEvents:
         """Host memory freed these ids (evicted, dropped, or loaded back): spans still named
         by them go."""
         if ptype == self.keyed:
-            self._removed(self._host.uncover(host), HOST)
+            self._drop(self._host, host)
 
     def _move(self, source: _Tier, target: _Tier, old: Iterable[int], new: Iterable[int]) -> None:
         """Spans named by `old[i]` on `source` are named by `new[i]` on `target`: the blocks
@@ -219,19 +219,22 @@ class HitSpanEvents:
             if fresh:  # a span's blocks are of one namespace: its chain is seeded by it
                 blocks: list[Block] = [(h, *known[h][:2]) for h in fresh]
                 self._publish(blocks, known[fresh[0]][2], target.medium)
-        self._removed(source.uncover(a for a, _ in moved), source.medium)
+        self._drop(source, [a for a, _ in moved])
 
-    def _removed(self, gone: list[int], medium: str) -> None:
+    def _drop(self, tier: _Tier, keys: Iterable[int]) -> None:
+        """Drop the spans `keys` name on `tier`; publish the blocks it no longer holds as
+        removed from it (and forget those no tier holds)."""
+        gone = tier.uncover(keys)
         if not gone:
             return
         from sglang.srt.disaggregation.kv_events import BlockRemoved
 
         if self._blocks is not None:
-            other = self._host if medium == DEVICE else self._device
+            other = self._host if tier is self._device else self._device
             for h in gone:
                 if h not in other.count:
                     del self._blocks[h]
-        self._queue.append(BlockRemoved(block_hashes=gone, medium=medium))
+        self._queue.append(BlockRemoved(block_hashes=gone, medium=tier.medium))
         self.removed_blocks += len(gone)
 
     def _publish(self, blocks: list[Block], namespace: str | None, medium: str) -> None:
