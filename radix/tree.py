@@ -288,7 +288,9 @@ class RadixTree(Evictor):
             node.last_access,
         )
         upper.lock_ref = node.lock_ref
-        upper.hit_count = node.hit_count
+        # hits counted on `node` resumed from its end, which stays below the cut: the upper part
+        # was never resumed from (an inherited count made it look superseded, a state dropped
+        # first, as soon as a request split it)
         if node.inner:
             _share_inner(upper, node)
         # a host node's halves stay in host memory, linked and ranked there (radix/host.py)

@@ -103,6 +103,20 @@ def test_a_trusted_tier_is_decision_for_decision_the_old_one():
     assert policy.victim() is node_at(cache, *later)
 
 
+def test_a_split_leaves_the_hits_with_the_end_they_resumed_from():
+    """The hits counted on a node resumed from its end; the part above a cut never was, and
+    must not look superseded for them."""
+    cache = learning_cache()
+    path = thought_and_first_child(cache, 0, owner=1)
+    thought = node_at(cache, *path)
+    assert thought.hit_count == 1
+    cache.serve(TokenSeq.of([*path[:5], 700, 701]), toks(702), owner=3)  # splits it after 5
+    upper = thought.parent
+    assert upper is not None and upper.end == 5 and upper.hit_count == 0
+    assert thought.hit_count == 1
+    cache.check_integrity()
+
+
 @pytest.mark.parametrize(
     "kwargs", [{"ghosts": 0}, {"min_resolved": 0}, {"max_revival": 0.0}, {"max_revival": 1.5}]
 )
