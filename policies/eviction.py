@@ -265,6 +265,8 @@ class JengaEviction(FlopAwareEviction):
     def update(self, node: Node) -> None:
         if len(node.children) > 1:
             self._junctions.add(node.id)
+        if node.host_state is not None:
+            self.supersede.unmark(node)  # a host tier took a superseded state: its ghost
         if not self.is_candidate(node):
             self._discard(node)
             return
@@ -368,8 +370,13 @@ class JengaEviction(FlopAwareEviction):
                 return first
         return super().victim()
 
-    def expects_reuse(self, node: Node) -> bool:
-        """False for what goes first because nobody is expected to hit it: expendable and
-        abandoned tails, and superseded checkpoints while that tier acts (a host tier then
-        drops rather than demotes them)."""
-        return not (node in self._expendable or node in self._abandoned or node in self._superseded)
+    def reuse_odds(self, node: Node) -> float:
+        """0 for expendable and abandoned tails (nobody is expected to hit them); for a
+        superseded checkpoint while that tier acts, the share of superseded states the
+        workload resumed from again (`SupersedeLearner.revival_rate`): a host tier keeps them
+        where requests come back to them and drops them where they do not; 1 otherwise."""
+        if node in self._expendable or node in self._abandoned:
+            return 0.0
+        if node in self._superseded:
+            return self.supersede.revival_rate
+        return 1.0

@@ -13,9 +13,13 @@ peak x MFU). What an entry saves is what the next hit through it would otherwise
 * a leaf moving whole (KV and checkpoint) saves [a, end) in a Mamba model, its own tokens in
   an attention-only one.
 
-* `FlopAwareTier.demotes`: a device victim moves to host when its device policy still expects
-  it to be hit (`EvictionPolicy.expects_reuse`) and its load is faster than its recompute, or
-  when it has host children (dropping it would drop them: it is their prefix);
+* `FlopAwareTier.demotes`: a device victim moves to host when the recompute it saves,
+  weighted by the chance its device policy gives it of being hit again
+  (`EvictionPolicy.reuse_odds`), takes longer than its load; or when it has host children
+  (dropping it would drop them: it is their prefix) and the device policy does not expect it
+  dead. A superseded checkpoint's chance is the share of such states the workload resumed
+  from again (policies/superseded.py): on chats (ShareGPT) a few per thousand, so they are
+  dropped; where requests do come back to them, more, and they go to host;
 * `FlopAwareTier.loads`: a host hit is loaded when the time to first token with the load
   (overlapped with prefill layer by layer, `overlapped_seconds`) beats recomputing from the
   device hit;
@@ -142,8 +146,8 @@ class HostEviction(FlopAwareEviction):
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class FlopAwareTier(TierPolicy):
-    """Demote what may be hit and loads faster than it recomputes; load a host hit when
-    that makes the first token sooner; rank host entries with `HostEviction`."""
+    """Demote what loads faster than its recompute, weighted by its odds of a hit; load a host
+    hit when that makes the first token sooner; rank host entries with `HostEviction`."""
 
     def __init__(
         self, device: EvictionPolicy, bandwidth: float, flop_rate: float, layers: int
@@ -165,13 +169,14 @@ class FlopAwareTier(TierPolicy):
         self.host.bind_cost(node_flops)
 
     def demotes(self, node: Node, state_only: bool) -> bool:
-        if not self.device.expects_reuse(node):
+        odds = self.device.reuse_odds(node)
+        if odds <= 0:
             return False
         if not state_only and node.host_children:
             return True  # dropping it would drop the host entries below it, whose prefix it is
         assert self._cost is not None, "FlopAwareTier needs bind_cost() before use"
         flops, held = entry_value(self._cost, node, state_only)
-        return flops / self.flop_rate > held / self.bandwidth
+        return odds * flops / self.flop_rate > held / self.bandwidth
 
     def loads(self, load_bytes: int, flops_after: float, flops_without: float) -> bool:
         loaded = overlapped_seconds(

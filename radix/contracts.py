@@ -90,10 +90,11 @@ class EvictionPolicy(ABC):
         to a leaf): a policy may evict them before anything else. A later hit through one of
         them proves it wrong; the default keeps them in the ordinary order."""
 
-    def expects_reuse(self, node: Node) -> bool:
-        """Whether the victim `node` just named may still be hit (a host tier keeps what may:
-        radix/host.py). A policy that evicts entries it expects dead first says so here."""
-        return True
+    def reuse_odds(self, node: Node) -> float:
+        """The chance, in [0, 1], that the victim `node` just named is hit again (a host tier
+        weighs a demotion by it: policies/host.py). 1 by default; a policy that evicts first
+        what it expects dead says 0 for those, or the rate at which it measured them revived."""
+        return 1.0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -60,7 +60,7 @@ def test_waiting_rounds_keep_the_hit_warm_without_counting_it() -> None:
     _waiting(s, NEXT, rounds=3)
     assert resume.hit_count == 0
     assert not policy.is_superseded(resume)
-    assert policy.expects_reuse(resume)
+    assert policy.reuse_odds(resume) == 1.0
     assert resume.last_access > before  # warmed: SGLang keeps a waiting prefix recent too
 
 

@@ -15,7 +15,7 @@ from jenga_sglang.models.spec import ModelSpec
 from jenga_sglang.policies.admission import EveryBlockAdmission, SpeculativeAdmission
 from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import FlopAwareEviction, LruEviction
-from jenga_sglang.policies.host import FlopAwareTier, overlapped_seconds
+from jenga_sglang.policies.host import FlopAwareTier, entry_value, overlapped_seconds
 from jenga_sglang.radix.cache import PrefixCache, ServeResult
 from jenga_sglang.radix.contracts import AdmissionPolicy, EvictionPolicy
 from jenga_sglang.radix.host import HostCopies, HostTier
@@ -129,14 +129,36 @@ def test_state_only_demotion_keeps_the_kv_on_the_device() -> None:
 
 def test_the_policy_drops_what_it_expects_dead() -> None:
     class Dead(FlopAwareEviction):  # (compiled, LRU takes no interpreted subclass)
-        def expects_reuse(self, node: Node) -> bool:
-            return False
+        def reuse_odds(self, node: Node) -> float:
+            return 0.0
 
     cache = tiered(hybrid_spec(), DEVICE, 4 * ONE, eviction=Dead())
     serve(cache, seq(0, 10), seq(100, 2))
     assert serve(cache, seq(200, 10), seq(300, 2)).host_write_bytes == 0
     assert tier(cache).demoted_nodes == 0 and not cache.root.host_children
     assert cache.evicted_nodes == 1
+
+
+def test_demotion_weighs_the_recompute_by_the_odds_of_a_hit() -> None:
+    """A link at which the load takes 2/3 of the recompute: worth it at odds 1, not at 1/2."""
+
+    class Odds(FlopAwareEviction):
+        odds = 1.0
+
+        def reuse_odds(self, node: Node) -> float:
+            return self.odds
+
+    eviction = Odds()
+    cache = tiered(hybrid_spec(), 10**4, 10**4, eviction=eviction)
+    serve(cache, seq(0, 10), seq(100, 2))
+    (leaf,) = cache.root.children.values()
+    policy = tier(cache).policy
+    assert isinstance(policy, FlopAwareTier)
+    flops, held = entry_value(cache.cost, leaf, False)
+    policy.bandwidth = 1.5 * held * RATE / flops
+    assert policy.demotes(leaf, False)
+    eviction.odds = 0.5
+    assert not policy.demotes(leaf, False)
 
 
 def test_a_slow_link_demotes_nothing_and_loads_nothing() -> None:
@@ -166,8 +188,8 @@ def test_dropping_a_device_leaf_drops_its_host_descendants() -> None:
     """A branch its device policy expects dead is dropped, and what hangs below it goes too."""
 
     class DeadBranch(FlopAwareEviction):
-        def expects_reuse(self, node: Node) -> bool:
-            return node.end != 8
+        def reuse_odds(self, node: Node) -> float:
+            return float(node.end != 8)
 
     cache = tiered(hybrid_spec(), 10**4, 10**4, eviction=DeadBranch())
     serve(cache, seq(0, 8).concat(seq(100, 4)), seq(900, 1))

@@ -7,7 +7,9 @@ import pickle
 import pytest
 from radix_helpers import hybrid_spec, make_cache, node_at, seq, toks
 
+from jenga_sglang.policies.bundles import byte_budget
 from jenga_sglang.policies.eviction import JengaEviction
+from jenga_sglang.policies.host import FlopAwareTier
 from jenga_sglang.policies.superseded import SupersedeLearner
 from jenga_sglang.radix.cache import PrefixCache
 from jenga_sglang.radix.evict import drop_state
@@ -101,6 +103,49 @@ def test_a_trusted_tier_is_decision_for_decision_the_old_one():
     assert policy.supersede.revived == 1 and policy.supersede.trusted  # too little evidence
     later = thought_and_first_child(cache, 1000, owner=10)
     assert policy.victim() is node_at(cache, *later)
+
+
+def tiered_learning_cache(**learner: int | float) -> PrefixCache:
+    """A learning cache over a roomy host tier whose link always beats recompute."""
+    cache = learning_cache(**learner)
+    policy = policy_of(cache)
+    cache.attach_host(byte_budget(cache.spec, 10**6), FlopAwareTier(policy, 1e12, 1e3, 2))
+    return cache
+
+
+def test_a_host_tier_keeps_superseded_states_as_often_as_they_come_back():
+    """Odds 0 (nothing resolved yet): dropped. Then one of two ghosts revived: odds 1/2, so the
+    next superseded state goes to host. A request resuming from it loads it back, and the
+    learner counts that revival once, through the ghost the demotion left."""
+    cache = tiered_learning_cache(ghosts=1, min_resolved=1, max_revival=1.0)
+    policy, tree = policy_of(cache), cache.tree
+    first = thought_and_first_child(cache, 0, owner=1)
+    assert policy.reuse_odds(node_at(cache, *first)) == 0.0
+    tree.evict_for(tree.kv_types[0])  # dropped: a ghost at its end
+    assert tree.host is not None and tree.host.demoted_states == 0
+    second = thought_and_first_child(cache, 1000, owner=3)
+    tree.evict_for(tree.kv_types[0])  # its ghost pushes the first one's out: a death
+    cache.serve(TokenSeq.of([*second, 300, 301]), toks(302), owner=5)  # a sibling: a revival
+    learner = policy.supersede
+    assert (learner.revived, learner.dead, learner.trusted) == (1, 1, True)
+    third = thought_and_first_child(cache, 2000, owner=6)
+    thought = node_at(cache, *third)
+    assert policy.is_superseded(thought) and policy.reuse_odds(thought) == 0.5
+    assert policy.victim() is thought
+    tree.evict_for(tree.kv_types[0])
+    assert thought.state is None and thought.host_state is not None, "its state went to host"
+    assert thought.parent is not None, "the node stays, unmerged, for the state's position"
+    sibling = cache.serve(TokenSeq.of([*third, 400, 401]), toks(402), owner=8)
+    assert sibling.hit_tokens == len(third) and sibling.host_hit_tokens == len(third)
+    assert learner.host_revived == 1, "the load-back is one revival, seen at the ghost"
+    assert learner.revived == 1, "the tier's trust counts what the device dropped"
+    for base in (3000, 4000):  # two more go to host; nobody comes back to the first of them
+        thought_and_first_child(cache, base, owner=base)
+        tree.evict_for(tree.kv_types[0])
+    assert tree.host.demoted_states == 3
+    assert (learner.host_dead, learner.dead) == (1, 1), "a kept state's ghost pushed out unused"
+    assert learner.revival_rate == 2 / 4  # both rings: one revival and one death each
+    cache.check_integrity()
 
 
 def test_a_split_leaves_the_hits_with_the_end_they_resumed_from():
