@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -86,3 +89,34 @@ def test_a_launcher_that_exits_before_ready_is_reported_with_its_log(tmp_path: P
     ):
         probe.__enter__()
     assert probe.pid is None
+
+
+def test_sigterm_to_the_caller_stops_what_it_holds(tmp_path: Path) -> None:
+    """A study killed with SIGTERM unwinds and stops its server: the server runs in a session
+    of its own, which a signal to the study's group would not reach."""
+    pidfile = tmp_path / "child.pid"
+    script = f"""
+import sys, time
+from pathlib import Path
+from jenga_sglang.bench.drivers.process import LoopbackProcess
+
+class Probe(LoopbackProcess):
+    def _ready(self):
+        return True
+
+with Probe(["bash", "-c", "sleep 300 & echo $! > {pidfile}; wait"], log=Path("{tmp_path}/log"),
+           ready_timeout_s=6, env={{}}):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert caller.stdout is not None and caller.stdout.readline().strip() == b"held"
+        child = _child(pidfile)
+        assert _running(child)
+        caller.send_signal(signal.SIGTERM)
+        assert caller.wait(timeout=40) == 128 + signal.SIGTERM
+        assert _gone(child)
+    finally:
+        caller.kill()
+        caller.wait(timeout=10)

@@ -5,6 +5,11 @@ Started with its output in a log file; ready once `_ready()` says so, polled eve
 most `ready_timeout_s`; stopped by its PID's process group, so the processes it spawns go with
 it (SIGTERM, SIGKILL after a grace period). A process that exits or never gets ready raises
 `ServerError` quoting the tail of its log.
+
+Each runs in a session of its own, so a signal to the caller's process group does not reach
+it: while one is held, SIGTERM to the caller raises `SystemExit` (if nothing else handles
+SIGTERM there), so the `with` blocks unwind and stop it, as they do on Ctrl-C. A study killed
+by `kill` or `timeout` leaves no server behind.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +35,36 @@ def log_tail(path: Path, chars: int = 3000) -> str:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
         return "(no log)"
+
+
+class _SigtermExits:
+    """SIGTERM raises SystemExit while at least one loopback process is held (module doc).
+    Only on the main thread, and only where SIGTERM had its default action."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.installed = False
+
+    def hold(self) -> None:
+        self.held += 1
+        main = threading.current_thread() is threading.main_thread()
+        if self.held == 1 and main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit)
+            self.installed = True
+
+    def release(self) -> None:
+        self.held -= 1
+        if self.held == 0 and self.installed:
+            if signal.getsignal(signal.SIGTERM) is _exit:  # not if someone replaced it since
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self.installed = False
+
+
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+_SIGTERM = _SigtermExits()
 
 
 class LoopbackProcess:
@@ -59,6 +95,7 @@ class LoopbackProcess:
                 env={**os.environ, **self.env},
                 start_new_session=True,
             )
+        _SIGTERM.hold()  # released by stop()
         try:
             self._wait_ready()
         except BaseException:
@@ -101,6 +138,7 @@ class LoopbackProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        _SIGTERM.release()
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             if proc.poll() is not None:
                 break
