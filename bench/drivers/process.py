@@ -138,17 +138,19 @@ class LoopbackProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        _SIGTERM.release()
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            if proc.poll() is not None:
-                break
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=wait_s)
-        # Children that outlived the launcher (one that died on its own included) are still in
-        # its process group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+                if proc.poll() is not None:
+                    break
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=wait_s)
+        finally:  # a second SIGTERM during the grace period ends it here
+            # Children that outlived the launcher (one that died on its own included) are
+            # still in its process group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _SIGTERM.release()
