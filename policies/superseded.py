@@ -38,7 +38,7 @@ from mypy_extensions import mypyc_attr
 from jenga_sglang.radix.match import Walk
 from jenga_sglang.radix.node import Node
 
-Ghost = tuple[int, bytes, int]  # (edge start, its first token, dropped state's position)
+Ghost = tuple[int, bytes, int]  # (edge start, its first token, the gone state's position)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)  # pickled with the cache
@@ -77,7 +77,6 @@ class SupersedeLearner:
                 f"need ghosts >= 1, min_resolved >= 1, 0 < max_revival <= 1, got "
                 f"{ghosts}, {min_resolved}, {max_revival}"
             )
-        self.ghosts = ghosts
         self.min_resolved = min_resolved
         self.max_revival = max_revival
         self._marked: dict[int, Node] = {}  # superseded nodes in the tree
