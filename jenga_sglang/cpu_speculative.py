@@ -3,13 +3,16 @@
 Part of the CPU interpreter mode (jenga_sglang/cpu_interpreter.py): installed only in a process
 that serves with ``TRITON_INTERPRET=1`` on a machine without CUDA, so a GPU server never runs
 any of it. There SGLang 0.5.23's platform checks (``is_cuda``, ``is_cpu``, ``is_xpu``) are all
-false, and its speculative path breaks in four places (docs/sglang.md, "Speculative decoding"):
+false, and its speculative path breaks in five places (docs/sglang.md, "Speculative decoding"):
 
 - ``reconstruct_tree`` imports ``sgl_kernel.speculative`` (not installed): NGRAM's worker fails at
   import. Stand-in: a ``sgl_kernel.speculative`` module whose op is SGLang's own Triton version
   (the one its XPU branch calls), bit-identical in contract.
 - ``verify_tree_greedy_func`` matches no platform and silently accepts nothing; the stand-in
   calls SGLang's Triton ``verify_tree_greedy_triton`` (its XPU branch).
+- ``build_tree_kernel_efficient_func`` (a draft model's proposals into the verify tree) matches
+  no platform and calls an ``sgl_kernel`` op that is not there; the stand-in calls SGLang's
+  Triton ``sgl_build_tree_kernel_triton`` (its XPU branch).
 - ``assign_extend_cache_locs_func`` matches no platform and returns None; the stand-in is the
   same gather in torch: each request's KV slots at [seq_len, seq_len + draft tokens).
 - ``scatter_mamba_states_after_mtp_verify``'s fused kernels refuse CPU tensors; the stand-in
@@ -73,6 +76,12 @@ def verify_tree_greedy(
     return predicts, accept_index, accept_token_num
 
 
+def build_tree(*args: Any) -> None:
+    """``build_tree_kernel_efficient_func`` through SGLang's Triton kernel (its XPU branch)."""
+    tree = importlib.import_module(f"{_SPEC}.spec_tree")
+    tree.sgl_build_tree_kernel_triton(*args)
+
+
 def assign_extend_cache_locs(
     req_pool_indices: Any,
     req_to_token: Any,
@@ -132,6 +141,7 @@ def install() -> list[str]:
     locs = "assign_extend_cache_locs_func"
     replacements: list[tuple[str, str, Any]] = [
         ("sglang.srt.speculative.eagle_utils", "verify_tree_greedy_func", verify_tree_greedy),
+        ("sglang.srt.speculative.eagle_utils", "build_tree_kernel_efficient_func", build_tree),
         (f"{_SPEC}.spec_tree", "verify_tree_greedy_func", verify_tree_greedy),
         ("sglang.srt.speculative.ngram_worker", locs, assign_extend_cache_locs),
         (f"{_SPEC}.cache_locs", locs, assign_extend_cache_locs),

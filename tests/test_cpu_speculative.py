@@ -112,3 +112,40 @@ def test_ngram_imports_with_the_stand_in_op_and_rebuilds_a_chain(torch: Any) -> 
     finally:
         if added:
             del sys.modules["sgl_kernel.speculative"]
+
+
+def test_a_draft_models_chain_becomes_a_verify_chain(torch: Any) -> None:
+    """The tree build stand-in, fed as SGLang's draft loop feeds it (topk 1, 3 steps: its own
+    `select_top_k_tokens` and `organize_draft_results`): each draft token follows the one
+    before, one position further, and sees the prefix and the drafts before it."""
+    from sglang.srt.speculative import eagle_utils
+    from sglang.srt.speculative.spec_utils import select_top_k_tokens
+
+    steps, hidden = 3, torch.zeros(2, 8)
+    scores, tokens, parents = None, [], []
+    scores_list = []
+    for i in range(steps):
+        topk_p = torch.full((2, 1), 0.5)
+        topk_index = torch.tensor([[10 + i], [20 + i]])
+        _, hidden, scores, tree = select_top_k_tokens(i, topk_p, topk_index, hidden, scores, 1)
+        scores_list.append(tree[0])
+        tokens.append(tree[1])
+        parents.append(tree[2])
+    parent_list, top_index, drafts = eagle_utils.organize_draft_results(
+        scores_list, tokens, parents, steps + 1
+    )
+    seq_lens = torch.tensor([5, 9])
+    mask = torch.full((int(seq_lens.sum()) * 4 + 4 * 4 * 2,), True)
+    positions = torch.empty(8, dtype=torch.long)
+    retrieve = torch.full((3, 2, 4), -1, dtype=torch.long)
+    cpu_speculative.build_tree(
+        parent_list, top_index, seq_lens, mask, positions, *retrieve, 1, steps, 4,
+        eagle_utils.TreeMaskMode.FULL_MASK,
+    )  # fmt: skip
+    assert drafts.tolist() == [[10, 11, 12], [20, 21, 22]]
+    assert positions.tolist() == [5, 6, 7, 8, 9, 10, 11, 12]
+    assert retrieve[0].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert retrieve[1].tolist() == [[1, 2, 3, -1]] * 2 and retrieve[2].tolist() == [[-1] * 4] * 2
+    rows = mask[: 4 * (5 + 4)].view(4, 5 + 4)  # request 0: each row sees prefix + its chain
+    assert bool(rows[:, :5].all())
+    assert rows[:, 5:].tolist() == torch.tril(torch.ones(4, 4, dtype=torch.bool)).tolist()
