@@ -42,6 +42,7 @@ def _parse(*argv: str) -> argparse.Namespace:
         "--attention-backend",
         "--prefill-attention-backend",
         "--decode-attention-backend",
+        "--speculative-draft-attention-backend",
     ):
         parser.add_argument(flag, default=None)
     add_jenga_args(parser)
@@ -126,8 +127,12 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
             "pass --attention-backend triton .* or --no-jenga-pool",
         ),
         (
-            ("--enable-jenga", "--speculative-algorithm", "EAGLE"),
-            "--jenga-pool .* --speculative-algorithm: only NGRAM runs over the pool",
+            ("--enable-jenga", "--speculative-draft-attention-backend", "flashinfer"),
+            "pass --speculative-draft-attention-backend triton, or --no-jenga-pool",
+        ),
+        (
+            ("--enable-jenga", "--speculative-algorithm", "EAGLE3"),
+            "--jenga-pool .* --speculative-algorithm: only NGRAM, STANDALONE and EAGLE run",
         ),
     ],
 )
@@ -140,8 +145,11 @@ def test_explicit_jenga_backend_is_no_conflict() -> None:
     check_conflicts(_parse("--enable-jenga", "--radix-cache-backend", "jenga"))
 
 
-def test_speculation_without_a_draft_model_runs_over_the_pool() -> None:
-    check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", "NGRAM"))
+def test_ngram_and_draft_models_run_over_the_pool() -> None:
+    for algorithm in ("NGRAM", "standalone", "EAGLE"):
+        check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", algorithm))
+    with pytest.raises(JengaFlagError, match="NEXTN"):  # SGLang's alias of EAGLE: untested here
+        check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", "NEXTN"))
     check_conflicts(_parse("--enable-jenga", "--no-jenga-pool", "--speculative-algorithm", "EAGLE"))
 
 
@@ -300,6 +308,12 @@ def test_disaggregation_serves_the_pool_over_mooncake_only(mode: str) -> None:
     role_switch.enable_pd_role_switch = True
     with pytest.raises(JengaFlagError, match=r"--enable-pd-role-switch.*--no-jenga-pool"):
         check_conflicts(role_switch)
+    drafted = _pd("--enable-jenga", "--speculative-algorithm", "STANDALONE")
+    drafted.disaggregation_mode = mode
+    with pytest.raises(JengaFlagError, match=rf"STANDALONE under .*-mode {mode}.*--no-jenga-pool"):
+        check_conflicts(drafted)
+    drafted.speculative_algorithm = "NGRAM"  # no draft model: served over the pool
+    check_conflicts(drafted)
 
 
 def test_decode_side_radix_cache_serves_on_device_only_and_stock_pd_is_untouched() -> None:

@@ -122,7 +122,7 @@ _REFUSALS_PROBE = textwrap.dedent(
 )
 
 #: A value for each refused flag that takes one (the others are switches).
-_VALUES = {"--mamba-full-memory-ratio": "0.5", "--speculative-algorithm": "EAGLE"}
+_VALUES = {"--mamba-full-memory-ratio": "0.5", "--speculative-algorithm": "EAGLE3"}
 
 
 def test_every_refused_flag_fails_at_start_up_naming_itself_and_why(tmp_path: Path) -> None:

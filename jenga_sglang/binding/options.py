@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from jenga_sglang.binding.refusals import (
+    DRAFTLESS_SPECULATIVE,
     POOL_STANDS_IN,
     WITH_JENGA,
     WITH_POOL,
@@ -52,6 +53,7 @@ _ATTENTION_FLAGS: tuple[tuple[str, str], ...] = (
     ("attention_backend", "--attention-backend"),
     ("prefill_attention_backend", "--prefill-attention-backend"),
     ("decode_attention_backend", "--decode-attention-backend"),
+    ("speculative_draft_attention_backend", "--speculative-draft-attention-backend"),
 )
 
 #: Attention backends that read the Jenga pool's strided KV views right: Triton's extend,
@@ -363,7 +365,8 @@ def check_disaggregation(args: argparse.Namespace) -> None:
       peer's by an id of its own (binding/pools/transfer.py). That addressing is checked for
       SGLang's Mooncake backend only (its generic transfer: pointer + row x item length, runs
       merged), so another `--disaggregation-transfer-backend` is refused with the pool, as is
-      `--enable-pd-role-switch` (a worker that changes sides keeps both sides' pools).
+      `--enable-pd-role-switch` (a worker that changes sides keeps both sides' pools), and so
+      is speculative decoding with a draft model (its KV in the target's pages: untested).
     * Our tree on the decode side (`--disaggregation-decode-enable-radix-cache`) matches on the
       KV alone, since the state arrives from prefill (binding/cache/factory.py). It keeps
       nothing in host memory: with a host tier on that side it is refused.
@@ -383,6 +386,14 @@ def check_disaggregation(args: argparse.Namespace) -> None:
             "decode workers only; pass --no-jenga-pool (SGLang's pools under our tree; "
             "docs/sglang.md, 'Prefill-decode disaggregation')"
         )
+    algorithm = str(getattr(args, "speculative_algorithm", None) or "NGRAM").upper()
+    if getattr(args, "jenga_pool", None) is not False and algorithm not in DRAFTLESS_SPECULATIVE:
+        raise JengaFlagError(
+            f"--jenga-pool (on with --enable-jenga) conflicts with --speculative-algorithm "
+            f"{algorithm} under --disaggregation-mode {mode}: the draft's KV rides in the "
+            "target's KV pages, and a PD transfer of a draft's pool is not checked on them; "
+            "pass --no-jenga-pool (docs/sglang.md, 'Prefill-decode disaggregation')"
+        )
     decode_tree = mode == "decode" and getattr(
         args, "disaggregation_decode_enable_radix_cache", False
     )
@@ -397,11 +408,11 @@ def check_disaggregation(args: argparse.Namespace) -> None:
 
 def _unserved(what: str, flag: str) -> str:
     served = " and ".join(POOL_ATTENTION_BACKENDS)
+    cpu = "" if flag == "--speculative-draft-attention-backend" else " (torch_native on CPU)"
     return (
         f"--jenga-pool (on with --enable-jenga) {what}: of SGLang's attention backends only "
         f"{served} are checked to read the pool's strided KV views; pass {flag} "
-        f"{POOL_DEFAULT_ATTENTION} (torch_native on CPU), or --no-jenga-pool to keep SGLang's "
-        "pools"
+        f"{POOL_DEFAULT_ATTENTION}{cpu}, or --no-jenga-pool to keep SGLang's pools"
     )
 
 

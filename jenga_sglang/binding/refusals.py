@@ -31,14 +31,25 @@ class Refusal:
         return not (isinstance(value, str) and value.upper() in self.allowed)
 
 
-#: Speculative algorithms the Jenga pool serves: those without a draft model, whose verify
-#: scratch sits beside the pool (binding/pools/sglang_pool.py `add_verify_scratch`).
-POOL_SPECULATIVE: tuple[str, ...] = ("NGRAM",)
+#: Speculative algorithms without a draft model: their verify scratch sits beside the pool
+#: (binding/pools/sglang_pool.py `add_verify_scratch`).
+DRAFTLESS_SPECULATIVE: tuple[str, ...] = ("NGRAM",)
+#: Algorithms whose draft model's KV joins the target's KV pages (binding/pools/draft.py), on
+#: a hybrid Mamba model's pool; those tested on this machine (docs/sglang.md).
+DRAFT_IN_POOL_SPECULATIVE: tuple[str, ...] = ("STANDALONE", "EAGLE")
+POOL_SPECULATIVE = DRAFTLESS_SPECULATIVE + DRAFT_IN_POOL_SPECULATIVE
 
 
-def pool_refuses_speculation(algorithm: object) -> bool:
-    """Whether SGLang's resolved speculative algorithm needs a draft model the pool lacks."""
-    return algorithm is not None and str(algorithm).upper() not in POOL_SPECULATIVE
+def pool_refuses_speculation(algorithm: object, *, draft_in_pool: bool) -> bool:
+    """Whether a pool refuses SGLang's resolved speculative algorithm (`draft_in_pool`: the
+    pool lays out a draft model's KV)."""
+    served = POOL_SPECULATIVE if draft_in_pool else DRAFTLESS_SPECULATIVE
+    return algorithm is not None and _name(algorithm) not in served
+
+
+def _name(algorithm: object) -> str:
+    """SGLang's enum member or its name, as the flag spells it."""
+    return str(getattr(algorithm, "name", algorithm)).upper()
 
 
 #: Refused with our cache at all: each selects another cache or a feature built on SGLang's own.
@@ -81,8 +92,9 @@ WITH_POOL: tuple[Refusal, ...] = (
     Refusal(
         "speculative_algorithm",
         "--speculative-algorithm",
-        "only NGRAM runs over the pool: a draft model's KV and state are not a page type of "
-        "the pool yet",
+        "only NGRAM, STANDALONE and EAGLE run over the pool: the other algorithms' drafts "
+        "(EAGLE3's on captured layers, NEXTN/MTP heads inside the target, DFLASH's pools) are "
+        "not tested on it",
         None,
         POOL_SPECULATIVE,
     ),

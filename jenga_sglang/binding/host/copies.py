@@ -117,7 +117,8 @@ def kv_buffers(
     kvcache: Any, kv_type: PageType, window_type: PageType | None
 ) -> dict[PageType, list[torch.Tensor]]:
     """The K and V buffers of each KV page type: the full-attention pool's (a hybrid model's
-    `full_kv_pool`), and with `window_type` the sliding-window pool's (`swa_kv_pool`)."""
+    `full_kv_pool`, and a draft model's views of its rows), and with `window_type` the
+    sliding-window pool's (`swa_kv_pool`)."""
     pools = {kv_type: getattr(kvcache, "full_kv_pool", kvcache)}
     if window_type is not None:
         pools[window_type] = kvcache.swa_kv_pool
@@ -127,7 +128,11 @@ def kv_buffers(
                 f"--jenga-host-gb: the KV pool {type(pool).__name__} has no per-layer K and V "
                 "buffers to copy (MLA and other layouts are not served by the host tier)"
             )
-    return {t: [*pool.k_buffer, *pool.v_buffer] for t, pool in pools.items()}
+    buffers = {t: [*pool.k_buffer, *pool.v_buffer] for t, pool in pools.items()}
+    draft = getattr(kvcache, "jenga_draft_kv", None)  # a draft model's layers of the same rows
+    if draft is not None:
+        buffers[kv_type] += [*draft.k_views, *draft.v_views]
+    return buffers
 
 
 def _nbytes(data: Any) -> int:

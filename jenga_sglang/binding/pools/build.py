@@ -16,6 +16,7 @@ import torch
 
 from jenga_sglang.binding.pools.allocator import JengaKVAllocator, JengaMambaAllocator
 from jenga_sglang.binding.pools.sglang_pool import (
+    DraftKV,
     JengaHybridLinearKVPool,
     JengaHybridReqToTokenPool,
     JengaMambaPool,
@@ -42,12 +43,18 @@ class PoolBuildError(NotImplementedError):
 
 @dataclass(frozen=True)
 class KVShape:
-    """SGLang's full-attention KV pool: heads, head dim and dtype of its layers."""
+    """SGLang's full-attention KV pool: heads, head dim and dtype of its layers, and the KV
+    layers of a draft model of the same shape kept in the same rows (binding/pools/draft.py)."""
 
     layer_ids: tuple[int, ...]
     head_num: int
     head_dim: int
     dtype: torch.dtype
+    draft_layers: int = 0
+
+    @property
+    def stored_layers(self) -> int:
+        return len(self.layer_ids) + self.draft_layers
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ def storage_spec(kv: KVShape, cache_params: Any) -> ModelSpec:
     if len(convs) != 1:
         raise PoolBuildError(f"the Jenga pool holds one conv state per layer, got {convs}")
     attention = AttentionGroup(
-        "kv", len(kv.layer_ids), kv.head_num, kv.head_dim, _dtype(kv.dtype), 1.0, 1.0
+        "kv", kv.stored_layers, kv.head_num, kv.head_dim, _dtype(kv.dtype), 1.0, 1.0
     )
     mamba = MambaGroup(
         "mamba",
@@ -146,7 +153,7 @@ def build_jenga_pools(
     geometry, num_large, layout = paged_layout(spec, budget_bytes, page_size, device)
     pool = JengaPool(geometry, num_large * geometry.large_page_bytes)
     shared = SharedJengaPool(pool, KV_TYPE, STATE_TYPE, state_reserve)
-    layers = layout.kv[KV_TYPE]
+    layers = layout.kv[KV_TYPE][: len(kv.layer_ids)]
     kv_pool = JengaMHATokenToKVPool(
         k_views=[views.k_slots for views in layers],
         v_views=[views.v_slots for views in layers],
@@ -182,6 +189,11 @@ def build_jenga_pools(
         mamba_pool=mamba_pool,
         full_kv_pool=kv_pool,
     )
+    if kv.draft_layers:  # what the draft worker's pool views (binding/pools/draft.py)
+        drafts = layout.kv[KV_TYPE][len(kv.layer_ids) :]
+        hybrid.jenga_draft_kv = DraftKV(
+            [v.k_slots for v in drafts], [v.v_slots for v in drafts], kv.dtype, page_size
+        )
     allocator = JengaKVAllocator(shared, hybrid, kv.dtype, device, page_size)
     return JengaPools(req_pool, hybrid, allocator, shared, layout)
 

@@ -12,18 +12,21 @@ pools"):
   `_InitializedPools` record (on a PD decode worker with SGLang's decode request pool, rows
   for pre-allocated requests included: binding/pools/decode_pool.py); a hybrid-SWA model gets
   its full and window KV from one Jenga pool (binding/pools/swa_hook.py); anything else goes
-  to the original;
+  to the original; a draft worker of such a target gets the draft's views of the same KV
+  pages (binding/pools/draft.py);
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from jenga_sglang.binding.options import check_pool_attention, pool_wanted
+from jenga_sglang.binding.pools import draft as draft_pool
 from jenga_sglang.binding.pools import swa_hook as swa_pool_hook
 from jenga_sglang.binding.pools import transfer
 from jenga_sglang.binding.pools.allocator import JengaKVAllocator
@@ -54,6 +57,13 @@ def _wanted(configurator: Any, req_to_token_pool: Any) -> bool:
 def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs: Any) -> Any:
     from sglang.srt.mem_cache.kv_cache_configurator import _InitializedPools
 
+    allocator = kwargs.get("token_to_kv_pool_allocator")
+    if draft_pool.wanted(configurator, allocator):
+        return _InitializedPools(
+            req_to_token_pool=kwargs["req_to_token_pool"],  # the target's, as SGLang shares it
+            token_to_kv_pool=draft_pool.draft_kv_pool(configurator, allocator),
+            token_to_kv_pool_allocator=allocator,
+        )
     if swa_pool_hook.wanted(configurator, kwargs.get("req_to_token_pool")):
         built = swa_pool_hook.build(configurator, kwargs["sizes"])
         return _InitializedPools(
@@ -123,8 +133,8 @@ def _check_supported(configurator: Any) -> None:
     if configurator.is_hybrid_swa or configurator.use_mla_backend:
         problems.append("sliding-window or MLA attention")
     algorithm = get_spec().speculative_algorithm
-    if pool_refuses_speculation(algorithm):
-        problems.append(f"speculative decoding with a draft model ({algorithm})")
+    if pool_refuses_speculation(algorithm, draft_in_pool=True):
+        problems.append(f"speculative decoding with {algorithm}")
     mamba = get_exec().mamba
     if mamba.enable_linear_replayssm or mamba.enable_linear_replayssm_spec:
         problems.append("--enable-linear-replayssm")
@@ -155,6 +165,7 @@ def _build(configurator: Any, sizes: Any) -> Any:
         head_dim=configurator.model_config.head_dim,
         dtype=configurator.kv_cache_dtype,
     )
+    kv = dataclasses.replace(kv, draft_layers=draft_pool.draft_layers(configurator, kv))
     cache_params = config.mamba2_cache_params
     spec = storage_spec(kv, cache_params)
     rows = _request_rows(configurator, sizes.max_running_requests)

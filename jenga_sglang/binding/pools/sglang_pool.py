@@ -20,18 +20,19 @@ Prefill-decode disaggregation: the KV pool and the Mamba pool register one regio
 whole small page per row, paired between peers by an id of its own (binding/pools/transfer.py);
 `JengaHybridLinearKVPool` publishes the KV region's id.
 
-Speculative decoding without a draft model (NGRAM): the verify forward keeps each draft step's
-state in per-request scratch (`SpeculativeState.intermediate_*`, one row per running request,
-never a cache entry), which `JengaMambaPool.add_verify_scratch` allocates beside the Jenga
-buffer, dense (one conv window per step, SGLang's layout for draft trees). Accepted tokens' KV
-moves over the views by index (`move_kv_cache_native`). Draft models' pools, ReplaySSM rings
-and Qwen4-Exp side states are not supported: the hook (binding/pools/hook.py) refuses those
-configurations at start-up.
+Speculative decoding: the verify forward keeps each draft step's state in per-request scratch
+(`SpeculativeState.intermediate_*`, one row per running request, never a cache entry), which
+`JengaMambaPool.add_verify_scratch` allocates beside the Jenga buffer, dense (one conv window
+per step, SGLang's layout for draft trees). Accepted tokens' KV moves over the views by index
+(`move_kv_cache_native`). A draft model's KV layers sit in the same rows as the target's
+(`DraftKV`, binding/pools/draft.py). Drafts with states of their own, ReplaySSM rings and
+Qwen4-Exp side states are not supported: the hooks refuse those configurations at start-up.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -233,9 +234,23 @@ class JengaHybridReqToTokenPool(JengaMambaRows, HybridReqToTokenPool):  # type: 
     """SGLang's request pool with our Mamba pool and Mamba slot allocator."""
 
 
+@dataclass(frozen=True)
+class DraftKV:
+    """A draft model's per-layer K and V views of the KV pages, the rows' layers after the
+    target's (binding/pools/draft.py)."""
+
+    k_views: list[torch.Tensor]
+    v_views: list[torch.Tensor]
+    dtype: torch.dtype
+    page_size: int
+
+
 class JengaHybridLinearKVPool(HybridLinearKVPool):  # type: ignore[misc]  # sglang has no types
     """SGLang's hybrid KV pool around ours; it publishes the KV region's transfer id in place
-    of the attention layers' ids (binding/pools/transfer.py)."""
+    of the attention layers' ids (binding/pools/transfer.py), and holds the draft model's
+    views of the same pages, if any (`jenga_draft_kv`)."""
+
+    jenga_draft_kv: DraftKV | None = None
 
     def get_kv_layer_ids(self) -> list[int]:
         return [_entry(self.full_kv_pool.transfer).layer_id]

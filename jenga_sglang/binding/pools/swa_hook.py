@@ -43,7 +43,7 @@ def _check_supported(configurator: Any) -> None:
     if get_disagg().disaggregation_mode != "null":  # only Mamba pools register page regions
         problems.append("prefill-decode disaggregation")
     algorithm = get_spec().speculative_algorithm
-    if pool_refuses_speculation(algorithm):
+    if pool_refuses_speculation(algorithm, draft_in_pool=False):
         problems.append(f"speculative decoding with a draft model ({algorithm})")
     if getattr(configurator, "is_hybrid_swa_compress", False):
         problems.append("window layers of another head shape")
