@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jenga-install-stamp
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test test-full lint typecheck check clean tiny-model e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
+.PHONY: install demo test test-full lint typecheck check clean tiny-model tiny-spec e2e-cpu sessions-cpu e2e-models accelerate unaccelerate \
 	scale-tp scale-dp scale-dp-full window-events speculative-cpu pd-cpu pd-cpu-tp
 
 # The compiled build (below) comes with the install where mypyc and a C compiler are present;
@@ -44,6 +44,14 @@ tiny-model: data/tiny-model/model.safetensors
 
 data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 	$(PY) scripts/make_tiny_model.py --out data/tiny-model
+
+# Speculative decoding's tiny pair (scripts/make_tiny_spec.py): the tiny NemotronH made quiet
+# but for its attention layer (data/tiny-spec/target), and that layer as a STANDALONE draft
+# (draft/) and as an EAGLE head (eagle/), which propose the target's next token about 3 in 4.
+tiny-spec: data/tiny-spec/target/model.safetensors
+
+data/tiny-spec/target/model.safetensors: scripts/make_tiny_spec.py data/tiny-model/model.safetensors
+	$(PY) scripts/make_tiny_spec.py --target data/tiny-model --out data/tiny-spec
 
 # Serve the tiny model with SGLang on CPU, stock and with --enable-jenga; one JSON summary
 # (docs/e2e-cpu.md). About 10 minutes on 2 cores.
@@ -86,11 +94,16 @@ window-events: data/tiny-gpt_oss/model.safetensors
 	$(PY) -m jenga_sglang.bench.studies.window_events --model data/tiny-gpt_oss \
 	    --out out/window-events
 
-# NGRAM speculative decoding on the tiny NemotronH, stock and --enable-jenga (Jenga pool), both
-# Mamba strategies: outputs, acceptance and cached tokens side by side (about 15 minutes).
-speculative-cpu: tiny-model
+# Speculative decoding, stock and --enable-jenga (Jenga pool), both Mamba strategies: NGRAM on the
+# tiny NemotronH, then STANDALONE and EAGLE on the tiny pair: outputs, acceptance and cached
+# tokens side by side (about 45 minutes).
+speculative-cpu: tiny-model tiny-spec
 	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-model \
-	    --out out/speculative-cpu
+	    --algorithm ngram --out out/speculative-cpu
+	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-spec/target \
+	    --algorithm standalone --draft-model data/tiny-spec/draft --out out/speculative-cpu
+	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-spec/target \
+	    --algorithm eagle --draft-model data/tiny-spec/eagle --out out/speculative-cpu
 
 # Prefill-decode disaggregation on the tiny NemotronH, stock and jenga (the pool on both sides,
 # our tree over SGLang's pools, the decode side's own radix cache), SGLang's Mooncake backend

@@ -49,6 +49,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_spec(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/make_tiny_spec.py's pair made from `tiny_model`: target/, draft/ (STANDALONE's)
+    and eagle/ (an EAGLE head), whose drafts propose the target's next token about 3 in 4."""
+    out = tmp_path_factory.mktemp("tiny") / "tiny-spec"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_spec.py"
+    command = [sys.executable, str(script), "--target", str(tiny_model), "--out", str(out)]
+    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_window_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/make_tiny_model.py's gpt-oss: sliding-window and full attention layers, with
     SGLang's separate window pool."""

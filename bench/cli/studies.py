@@ -28,7 +28,7 @@ STUDIES: dict[str, tuple[str, str]] = {
     "scale-tp": ("scale_tp", "--tp-size 2 on CPU, stock and jenga, rank-consensus checker on"),
     "scale-dp": ("scale_dp", "two replicas behind smg: cache-aware vs round robin, jenga vs stock"),
     "window-events": ("window_events", "a sliding-window worker's KV events against its hits"),
-    "speculative-cpu": ("speculative_cpu", "NGRAM speculative decoding on CPU, stock and jenga"),
+    "speculative-cpu": ("speculative_cpu", "speculative decoding on CPU, stock and jenga"),
     "pd-cpu": ("pd_cpu", "prefill-decode disaggregation on CPU, stock and jenga"),
     "reply-trace": ("reply_trace", "one sessions-cpu reply, by cached prefix and from host"),
 }

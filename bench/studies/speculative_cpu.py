@@ -1,16 +1,20 @@
-"""`jenga-bench speculative-cpu`: NGRAM speculative decoding served on CPU, stock against jenga.
+"""`jenga-bench speculative-cpu`: speculative decoding served on CPU, stock against jenga.
 
-    jenga-bench speculative-cpu [--model data/tiny-model] [--variants stock,jenga]
+    jenga-bench speculative-cpu [--model data/tiny-model] [--algorithm ngram|standalone|eagle]
+        [--draft-model data/tiny-spec/draft] [--variants stock,jenga]
         [--strategies no_buffer,extra_buffer] [--sessions 3] [--turns 2] [--branches 3]
         [--reply-tokens 16] [--out out/speculative-cpu]
 
 One server at a time per variant and Mamba strategy (bench/drivers/server.py), each with
-`--speculative-algorithm NGRAM` (chains of 3 drafts), the Triton attention backend (the verify
-forward's draft mask) and the CPU interpreter mode's speculative stand-ins
-(jenga_sglang/cpu_speculative.py). `jenga` is `--enable-jenga` with the Jenga pool.
+`--speculative-algorithm NGRAM` (chains of 3 drafts), `STANDALONE` or `EAGLE` (a draft model
+proposing chains of 3: `make tiny-spec`'s draft/ or eagle/, served with its target/ as
+`--model`), the Triton attention backend (the verify forward's draft mask) and the CPU
+interpreter mode's speculative stand-ins (jenga_sglang/cpu_speculative.py). `jenga` is
+`--enable-jenga` with the Jenga pool (a draft model's KV in the target's KV pages:
+binding/pools/draft.py).
 Sequential requests by token ids: per session, `turns` turns (each the last prompt, its reply
 and new tokens), then a retry of its first prompt (NGRAM's corpus now holds that reply, so
-drafts are accepted); then `branches` branch points part-way into a session's first prompt,
+its drafts are accepted); then `branches` branch points part-way into a session's first prompt,
 each left by two requests with different tails (the second can resume from the first's
 branch-point state).
 
@@ -32,14 +36,25 @@ from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import STRATEGIES, LocalServer
 from jenga_sglang.bench.studies.scale_dp import VARIANT_FLAGS
 
-NGRAM_FLAGS: tuple[str, ...] = (
-    "--speculative-algorithm", "NGRAM",
+COMMON_FLAGS: tuple[str, ...] = (
     "--speculative-num-draft-tokens", "4",
-    "--speculative-ngram-max-bfs-breadth", "1",  # a chain, not a tree
     "--attention-backend", "triton",  # torch_native cannot run the verify forward
     "--max-running-requests", "4",
     "--mem-fraction-static", "0.3",  # SGLang's start-up check counts the verify scratch
 )  # fmt: skip
+ALGORITHMS = ("ngram", "standalone", "eagle")
+
+
+def algorithm_flags(algorithm: str, draft_model: str) -> list[str]:
+    """The server flags of `algorithm` (a chain of 3 drafts per verify round)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "ngram":
+        chain = ["--speculative-ngram-max-bfs-breadth", "1"]  # a chain, not a tree
+        return ["--speculative-algorithm", "NGRAM", *chain, *COMMON_FLAGS]
+    steps = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+    draft = ["--speculative-draft-model-path", draft_model]
+    return ["--speculative-algorithm", algorithm.upper(), *draft, *steps, *COMMON_FLAGS]
 
 
 def workload(args: argparse.Namespace) -> list[tuple[str, list[int]]]:
@@ -71,8 +86,8 @@ def run_variant(
     total = sum(args.turns + 1 if kind == "session" else 1 for kind, _ in items)
     bar = tqdm(total=total, desc=f"{variant} {strategy}", unit="req", file=sys.stderr,
                disable=args.no_progress)  # fmt: skip
-    log = out / f"{variant}-{strategy}.log"
-    flags = [*NGRAM_FLAGS, *VARIANT_FLAGS[variant]]
+    log = out / f"{args.algorithm}-{variant}-{strategy}.log"
+    flags = [*algorithm_flags(args.algorithm, args.draft_model), *VARIANT_FLAGS[variant]]
     with bar, LocalServer(model, flags, log=log, strategy=strategy) as server:
 
         def ask(ids: list[int], kind: str) -> list[int]:
@@ -123,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = __doc__.split("\n")[0]
     p = argparse.ArgumentParser(prog="jenga-bench speculative-cpu", description=doc)
     p.add_argument("--model", default="data/tiny-model")
+    p.add_argument("--algorithm", choices=ALGORITHMS, default="ngram")
+    p.add_argument(
+        "--draft-model", default="data/tiny-spec/draft", help="STANDALONE's or EAGLE's draft"
+    )
     p.add_argument("--variants", default="stock,jenga")
     p.add_argument("--strategies", default="no_buffer,extra_buffer")
     p.add_argument("--sessions", type=int, default=3)
@@ -148,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         stock = None
         for variant in variants:
             rows = run_variant(args.model, variant, strategy, args, out)
-            brief = {"variant": variant, "strategy": strategy, **summary(rows, stock)}
+            brief = {"algorithm": args.algorithm, "variant": variant, "strategy": strategy,
+                     **summary(rows, stock)}  # fmt: skip
             stock = rows if variant == "stock" else stock
             print(json.dumps(brief), flush=True)
             results.append({**brief, "requests_detail": rows})
-    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    (out / f"summary-{args.algorithm}.json").write_text(json.dumps(results, indent=1))
     return 0
 
 
