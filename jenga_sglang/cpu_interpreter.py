@@ -26,8 +26,9 @@ What and why:
 - SGLang's Gated DeltaNet kernels (Qwen3-Next, Qwen3.5): FLA's module-level ``tl`` math aliases,
   the chunk kernel's bfloat16-only assertion and the gated RMSNorm's SM count
   (jenga_sglang/cpu_gdn.py says why).
-- Speculative decoding (NGRAM): stand-ins for the four CUDA-only or silently empty pieces of its
-  verify step (jenga_sglang/cpu_speculative.py says which and why).
+- Speculative decoding (NGRAM, and the draft models of STANDALONE, EAGLE and NEXTN): stand-ins
+  for the six CUDA-only or silently empty pieces of its draft and verify steps
+  (jenga_sglang/cpu_speculative.py says which and why).
 
 The hooks that let SGLang take its ``extra_buffer`` snapshot path in this mode are in
 jenga_sglang/binding/cpu_snapshots.py.

@@ -3,7 +3,7 @@
 Part of the CPU interpreter mode (jenga_sglang/cpu_interpreter.py): installed only in a process
 that serves with ``TRITON_INTERPRET=1`` on a machine without CUDA, so a GPU server never runs
 any of it. There SGLang 0.5.23's platform checks (``is_cuda``, ``is_cpu``, ``is_xpu``) are all
-false, and its speculative path breaks in five places (docs/sglang.md, "Speculative decoding"):
+false, and its speculative path breaks in six places (docs/sglang.md, "Speculative decoding"):
 
 - ``reconstruct_tree`` imports ``sgl_kernel.speculative`` (not installed): NGRAM's worker fails at
   import. Stand-in: a ``sgl_kernel.speculative`` module whose op is SGLang's own Triton version
@@ -13,6 +13,9 @@ false, and its speculative path breaks in five places (docs/sglang.md, "Speculat
 - ``build_tree_kernel_efficient_func`` (a draft model's proposals into the verify tree) matches
   no platform and calls an ``sgl_kernel`` op that is not there; the stand-in calls SGLang's
   Triton ``sgl_build_tree_kernel_triton`` (its XPU branch).
+- NemotronH's ``set_embed_and_head`` (an MTP draft, NEXTN, takes the target's embedding and
+  head) ends in ``torch.cuda.synchronize()``, which raises without a GPU driver; the stand-in
+  makes the same swap without the CUDA calls (they only free and wait for GPU memory).
 - ``assign_extend_cache_locs_func`` matches no platform and returns None; the stand-in is the
   same gather in torch: each request's KV slots at [seq_len, seq_len + draft tokens).
 - ``scatter_mamba_states_after_mtp_verify``'s fused kernels refuse CPU tensors; the stand-in
@@ -80,6 +83,14 @@ def build_tree(*args: Any) -> None:
     """``build_tree_kernel_efficient_func`` through SGLang's Triton kernel (its XPU branch)."""
     tree = importlib.import_module(f"{_SPEC}.spec_tree")
     tree.sgl_build_tree_kernel_triton(*args)
+
+
+def set_embed_and_head(model: Any, embed: Any, head: Any) -> None:
+    """NemotronH's embedding and head swap, without its CUDA cache release and sync."""
+    del model.model.embed_tokens.weight
+    del model.lm_head.weight
+    model.model.embed_tokens.weight = embed
+    model.lm_head.weight = head
 
 
 def assign_extend_cache_locs(
@@ -151,6 +162,12 @@ def install() -> list[str]:
             scatter_mamba_states_after_verify,
         ),
     ]
+    nemotron_h = importlib.import_module("sglang.srt.models.nemotron_h")
+    model_class = vars(nemotron_h)["NemotronHForCausalLM"]
+    assert "set_embed_and_head" in vars(model_class), "NemotronH's swap moved: recheck"
+    setattr(set_embed_and_head, _FLAG, True)
+    model_class.set_embed_and_head = set_embed_and_head  # the MTP subclass inherits it
+    done.append("NemotronHForCausalLM.set_embed_and_head")
     for module_name, name, stand_in in replacements:
         module = importlib.import_module(module_name)
         assert name in vars(module), f"{module_name}.{name} is gone: recheck the stand-ins"

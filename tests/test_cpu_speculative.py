@@ -149,3 +149,17 @@ def test_a_draft_models_chain_becomes_a_verify_chain(torch: Any) -> None:
     rows = mask[: 4 * (5 + 4)].view(4, 5 + 4)  # request 0: each row sees prefix + its chain
     assert bool(rows[:, :5].all())
     assert rows[:, 5:].tolist() == torch.tril(torch.ones(4, 4, dtype=torch.bool)).tolist()
+
+
+def test_an_mtp_draft_takes_the_targets_embedding_and_head_without_cuda(torch: Any) -> None:
+    """NemotronH's swap as the MTP draft's set-up calls it: the draft's own tensors go, the
+    target's are shared (the same objects), and nothing asks for a GPU."""
+    from types import SimpleNamespace
+
+    draft = SimpleNamespace(
+        model=SimpleNamespace(embed_tokens=torch.nn.Embedding(8, 4)),
+        lm_head=torch.nn.Linear(4, 8, bias=False),
+    )
+    embed, head = torch.nn.Parameter(torch.ones(8, 4)), torch.nn.Parameter(torch.zeros(8, 4))
+    cpu_speculative.set_embed_and_head(draft, embed, head)
+    assert draft.model.embed_tokens.weight is embed and draft.lm_head.weight is head
