@@ -45,9 +45,9 @@ tiny-model: data/tiny-model/model.safetensors
 data/tiny-model/model.safetensors: scripts/make_tiny_model.py | $(STAMP)
 	$(PY) scripts/make_tiny_model.py --out data/tiny-model
 
-# Speculative decoding's tiny pair (scripts/make_tiny_spec.py): the tiny NemotronH made quiet
-# but for its attention layer (data/tiny-spec/target), and that layer as a STANDALONE draft
-# (draft/) and as an EAGLE head (eagle/), which propose the target's next token about 3 in 4.
+# Speculative decoding's tiny models (scripts/make_tiny_spec.py): the tiny NemotronH made quiet
+# but for its attention layer (data/tiny-spec/target), that layer as a STANDALONE draft (draft/)
+# and an EAGLE head (eagle/), and the target with it as its own MTP layer (mtp/, for NEXTN).
 tiny-spec: data/tiny-spec/target/model.safetensors
 
 data/tiny-spec/target/model.safetensors: scripts/make_tiny_spec.py data/tiny-model/model.safetensors
@@ -95,8 +95,8 @@ window-events: data/tiny-gpt_oss/model.safetensors
 	    --out out/window-events
 
 # Speculative decoding, stock and --enable-jenga (Jenga pool), both Mamba strategies: NGRAM on the
-# tiny NemotronH, then STANDALONE and EAGLE on the tiny pair: outputs, acceptance and cached
-# tokens side by side (about 45 minutes).
+# tiny NemotronH, then STANDALONE, EAGLE and NEXTN on make tiny-spec's models: outputs,
+# acceptance and cached tokens side by side (about an hour).
 speculative-cpu: tiny-model tiny-spec
 	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-model \
 	    --algorithm ngram --out out/speculative-cpu
@@ -104,6 +104,8 @@ speculative-cpu: tiny-model tiny-spec
 	    --algorithm standalone --draft-model data/tiny-spec/draft --out out/speculative-cpu
 	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-spec/target \
 	    --algorithm eagle --draft-model data/tiny-spec/eagle --out out/speculative-cpu
+	$(PY) -m jenga_sglang.bench.studies.speculative_cpu --model data/tiny-spec/mtp \
+	    --algorithm nextn --out out/speculative-cpu
 
 # Prefill-decode disaggregation on the tiny NemotronH, stock and jenga (the pool on both sides,
 # our tree over SGLang's pools, the decode side's own radix cache), SGLang's Mooncake backend

@@ -1,4 +1,4 @@
-"""Write a tiny target and draft models that agree often, for speculative decoding on CPU.
+"""Write a tiny target and drafts that agree with it often, for speculative decoding on CPU.
 
     .venv/bin/python scripts/make_tiny_spec.py [--target data/tiny-model] [--out data/tiny-spec]
 
@@ -12,13 +12,17 @@ from scripts/make_tiny_model.py's NemotronH at `--target`:
 * ``draft/``: a one-layer Llama (STANDALONE's draft) whose attention is the target's attention
   layer, with the target's embeddings, final norm and head, a zero MLP, and RoPE slowed to near
   identity (NemotronH's attention has no RoPE; linear scaling 4096 over 512 positions);
+* ``mtp/``: ``target/`` with one NemotronH MTP layer (NEXTN's draft, pattern "*"), that same
+  attention layer again behind the MTP's input projection, which passes the normed token
+  embedding through and drops the target's hidden state;
 * ``eagle/``: the same layer as an EAGLE head (`LlamaForCausalLMEagle`): its `fc` passes the
   token embedding through, scaled to stand in for the input norm the head lacks, and drops the
   target's hidden state.
 
-The draft proposes the target's own next token about 3 times in 4 (greedy, checked with
-transformers on random prompts; the EAGLE head less often, its input norm being approximated),
-and only through its attention over its KV: a draft whose KV were wrong would propose other
+The Llama draft proposes the target's own next token about 3 times in 4 (greedy, checked with
+transformers on random prompts); the EAGLE head and the MTP layer are accepted less often (on
+one prompt served on CPU, 1.3 tokens per verify round against the Llama's 3). Each proposes
+only through its attention over its own KV: a draft whose KV were wrong would propose other
 tokens and be accepted less. The tokenizer is the target's.
 """
 
@@ -93,6 +97,26 @@ def eagle_tensors(draft: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mtp_tensors(target: dict[str, Any], layer: int) -> dict[str, Any]:
+    """NemotronH's MTP layer (pattern "*": SGLang's `NemotronHForCausalLMMTP`) as the target's
+    attention layer `layer`: `eh_proj` = [I | 0] passes the normed token embedding through and
+    drops the normed hidden state; the norms are 1."""
+    import torch
+
+    hidden = target["model.embeddings.weight"].shape[1]
+    src, dst = f"model.layers.{layer}", "mtp.layers.0"
+    out = {
+        f"{dst}.enorm.weight": torch.ones(hidden),
+        f"{dst}.hnorm.weight": torch.ones(hidden),
+        f"{dst}.eh_proj.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1),
+        f"{dst}.norm.weight": target[f"{src}.norm.weight"],
+        f"{dst}.final_layernorm.weight": torch.ones(hidden),
+    }
+    for proj in ("q", "k", "v", "o"):
+        out[f"{dst}.mixer.{proj}_proj.weight"] = target[f"{src}.mixer.{proj}_proj.weight"]
+    return out
+
+
 def llama_config(target: dict[str, Any], architecture: str) -> dict[str, Any]:
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "head_dim", "vocab_size", "pad_token_id", "bos_token_id", "eos_token_id",
@@ -116,7 +140,7 @@ def _write(out: Path, source: Path, config: dict[str, Any], tensors: dict[str, A
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(source / name, out / name)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    contiguous = {k: v.contiguous() for k, v in tensors.items()}
+    contiguous = {k: v.clone().contiguous() for k, v in tensors.items()}  # none shared
     save_file(contiguous, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -126,7 +150,10 @@ def make_tiny_spec(target: Path, out: Path) -> dict[str, Any]:
     config = json.loads((target / "config.json").read_text())
     tensors = load_file(str(target / "model.safetensors"))
     layer = _attention_layer(config)
-    _write(out / "target", target, config, quiet_target(tensors))
+    quiet = quiet_target(tensors)
+    _write(out / "target", target, config, quiet)
+    mtp = {**config, "num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*"}
+    _write(out / "mtp", target, mtp, {**quiet, **mtp_tensors(tensors, layer)})
     draft = draft_tensors(tensors, layer, config)
     _write(out / "draft", target, llama_config(config, "LlamaForCausalLM"), draft)
     eagle = eagle_tensors(draft)

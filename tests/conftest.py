@@ -50,8 +50,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_spec(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/make_tiny_spec.py's pair made from `tiny_model`: target/, draft/ (STANDALONE's)
-    and eagle/ (an EAGLE head), whose drafts propose the target's next token about 3 in 4."""
+    """scripts/make_tiny_spec.py's models made from `tiny_model`: target/, draft/ (STANDALONE's),
+    eagle/ (an EAGLE head) and mtp/ (target/ with its own MTP layer, NEXTN's draft)."""
     out = tmp_path_factory.mktemp("tiny") / "tiny-spec"
     script = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_spec.py"
     command = [sys.executable, str(script), "--target", str(tiny_model), "--out", str(out)]

@@ -132,7 +132,7 @@ def test_bad_alpha_is_rejected(bad: str) -> None:
         ),
         (
             ("--enable-jenga", "--speculative-algorithm", "EAGLE3"),
-            "--jenga-pool .* --speculative-algorithm: only NGRAM, STANDALONE and EAGLE run",
+            "--jenga-pool .* --speculative-algorithm: only NGRAM, STANDALONE, EAGLE and NEXTN run",
         ),
     ],
 )
@@ -146,10 +146,11 @@ def test_explicit_jenga_backend_is_no_conflict() -> None:
 
 
 def test_ngram_and_draft_models_run_over_the_pool() -> None:
-    for algorithm in ("NGRAM", "standalone", "EAGLE"):
+    for algorithm in ("NGRAM", "standalone", "EAGLE", "NEXTN"):
         check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", algorithm))
-    with pytest.raises(JengaFlagError, match="NEXTN"):  # SGLang's alias of EAGLE: untested here
-        check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", "NEXTN"))
+    for algorithm in ("EAGLE3", "DFLASH"):
+        with pytest.raises(JengaFlagError, match="EAGLE3 is not tested"):
+            check_conflicts(_parse("--enable-jenga", "--speculative-algorithm", algorithm))
     check_conflicts(_parse("--enable-jenga", "--no-jenga-pool", "--speculative-algorithm", "EAGLE"))
 
 

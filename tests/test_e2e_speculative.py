@@ -3,11 +3,12 @@
 Small `jenga-bench speculative-cpu` runs (bench/studies/speculative_cpu.py) with the Triton
 attention backend, stock SGLang (its cache and pools) against `--enable-jenga` (the Jenga pool:
 the verify scratch beside it, and a draft model's KV in the target's KV rows), `no_buffer`:
-NGRAM (chains of 3 drafts) on the tiny NemotronH, and STANDALONE and EAGLE (chains of 3) on
-scripts/make_tiny_spec.py's pair, whose drafts propose the target's next token about 3 times in
-4. The same token-id requests go one at a time to each: one session's two turns, a retry of
-its first prompt (NGRAM's corpus now holds that reply, so its drafts are accepted), and two
-requests leaving that prompt at one branch point.
+NGRAM (chains of 3 drafts) on the tiny NemotronH, and STANDALONE, NEXTN (the model's own MTP
+layer) and EAGLE (chains of 3; in `make test-full`: it takes NEXTN's path, a draft head on the
+target's hidden states) on scripts/make_tiny_spec.py's models, whose drafts propose the
+target's next token often. The same token-id requests go one at a time to each: one session's
+two turns, a retry of its first prompt (NGRAM's corpus now holds that reply, so its drafts are
+accepted), and two requests leaving that prompt at one branch point.
 
 Checked request by request: identical greedy outputs, verify rounds and proposed and accepted
 drafts (a draft reading wrong KV would propose other tokens); jenga's cached tokens at least
@@ -33,8 +34,8 @@ _ACCEPTANCE = ("verify_rounds", "proposed", "accepted")
 
 def _args(algorithm: str, draft: Path | None = None) -> argparse.Namespace:
     return argparse.Namespace(
-        algorithm=algorithm, draft_model=str(draft), sessions=1, turns=2, branches=1,
-        reply_tokens=12, seed=0, no_progress=True,
+        algorithm=algorithm, draft_model=str(draft), server_flags="", sessions=1, turns=2,
+        branches=1, reply_tokens=12, seed=0, no_progress=True,
     )  # fmt: skip
 
 
@@ -46,15 +47,21 @@ def test_ngram_over_the_jenga_pool_matches_stock_and_hits_more(
     assert jenga[2]["accepted"] > 0  # the retry's drafts come from the first reply
 
 
-@pytest.mark.parametrize("algorithm", ["standalone", "eagle"])
+@pytest.mark.parametrize(
+    ("algorithm", "model", "draft"),
+    [
+        ("standalone", "target", "draft"),
+        ("nextn", "mtp", None),  # the model's own MTP layer
+        pytest.param("eagle", "target", "eagle", marks=pytest.mark.full),  # NEXTN's path
+    ],
+)
 def test_a_draft_models_kv_in_the_jenga_pool_matches_stock_and_hits_more(
-    tiny_spec: Path, tmp_path: Path, algorithm: str
+    tiny_spec: Path, tmp_path: Path, algorithm: str, model: str, draft: str | None
 ) -> None:
     """The draft's KV lives in the target's KV rows; its proposals, and so the acceptance
-    compared with stock's, depend on reading it right (the pair agrees about 3 in 4)."""
-    draft = tiny_spec / ("draft" if algorithm == "standalone" else "eagle")
-    args = _args(algorithm, draft)
-    jenga = _check_against_stock(tiny_spec / "target", args, tmp_path)
+    compared with stock's, depend on reading it right (the pairs agree often)."""
+    args = _args(algorithm, tiny_spec / draft if draft else None)
+    jenga = _check_against_stock(tiny_spec / model, args, tmp_path)
     rounds = sum(r["verify_rounds"] for r in jenga)
     assert sum(r["accepted"] for r in jenga) * 8 > rounds  # drafts accepted, and not rarely
     text = (tmp_path / f"{algorithm}-jenga-no_buffer.log").read_text(errors="replace")

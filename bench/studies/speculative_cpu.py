@@ -1,17 +1,18 @@
 """`jenga-bench speculative-cpu`: speculative decoding served on CPU, stock against jenga.
 
-    jenga-bench speculative-cpu [--model data/tiny-model] [--algorithm ngram|standalone|eagle]
+    jenga-bench speculative-cpu [--model data/tiny-model]
+        [--algorithm ngram|standalone|eagle|nextn]
         [--draft-model data/tiny-spec/draft] [--variants stock,jenga]
         [--strategies no_buffer,extra_buffer] [--sessions 3] [--turns 2] [--branches 3]
-        [--reply-tokens 16] [--out out/speculative-cpu]
+        [--reply-tokens 16] [--server-flags FLAGS] [--out out/speculative-cpu]
 
 One server at a time per variant and Mamba strategy (bench/drivers/server.py), each with
 `--speculative-algorithm NGRAM` (chains of 3 drafts), `STANDALONE` or `EAGLE` (a draft model
 proposing chains of 3: `make tiny-spec`'s draft/ or eagle/, served with its target/ as
-`--model`), the Triton attention backend (the verify forward's draft mask) and the CPU
-interpreter mode's speculative stand-ins (jenga_sglang/cpu_speculative.py). `jenga` is
-`--enable-jenga` with the Jenga pool (a draft model's KV in the target's KV pages:
-binding/pools/draft.py).
+`--model`) or `NEXTN` (the model's own MTP layer: `--model data/tiny-spec/mtp`), the Triton
+attention backend (the verify forward's draft mask) and the CPU interpreter mode's
+speculative stand-ins (jenga_sglang/cpu_speculative.py). `jenga` is `--enable-jenga` with the
+Jenga pool (a draft model's KV in the target's KV pages: binding/pools/draft.py).
 Sequential requests by token ids: per session, `turns` turns (each the last prompt, its reply
 and new tokens), then a retry of its first prompt (NGRAM's corpus now holds that reply, so
 its drafts are accepted); then `branches` branch points part-way into a session's first prompt,
@@ -20,7 +21,9 @@ branch-point state).
 
 Reported per variant and strategy: cached tokens, verify rounds, proposed and accepted drafts,
 mean acceptance length (tokens per verify round), summed latency; for a variant served after
-stock, whether every request's output equals stock's.
+stock, whether every request's output equals stock's. `--variants stock,jenga-host
+--server-flags '--max-total-tokens 320 --max-mamba-cache-size 6'` serves sessions that leave
+the device for our host tier and come back (a draft model's KV rows with them).
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import STRATEGIES, LocalServer
-from jenga_sglang.bench.studies.scale_dp import VARIANT_FLAGS
+from jenga_sglang.bench.studies.sessions_cpu import VARIANTS
+
+#: stock, jenga, and jenga with the live host tier (sessions_cpu.py's rates)
+VARIANT_FLAGS = {name: VARIANTS[name] for name in ("stock", "jenga", "jenga-host")}
 
 COMMON_FLAGS: tuple[str, ...] = (
     "--speculative-num-draft-tokens", "4",
@@ -42,7 +49,7 @@ COMMON_FLAGS: tuple[str, ...] = (
     "--max-running-requests", "4",
     "--mem-fraction-static", "0.3",  # SGLang's start-up check counts the verify scratch
 )  # fmt: skip
-ALGORITHMS = ("ngram", "standalone", "eagle")
+ALGORITHMS = ("ngram", "standalone", "eagle", "nextn")
 
 
 def algorithm_flags(algorithm: str, draft_model: str) -> list[str]:
@@ -53,7 +60,8 @@ def algorithm_flags(algorithm: str, draft_model: str) -> list[str]:
         chain = ["--speculative-ngram-max-bfs-breadth", "1"]  # a chain, not a tree
         return ["--speculative-algorithm", "NGRAM", *chain, *COMMON_FLAGS]
     steps = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
-    draft = ["--speculative-draft-model-path", draft_model]
+    # NEXTN's draft is the model's own MTP layers, read from its checkpoint.
+    draft = [] if algorithm == "nextn" else ["--speculative-draft-model-path", draft_model]
     return ["--speculative-algorithm", algorithm.upper(), *draft, *steps, *COMMON_FLAGS]
 
 
@@ -87,7 +95,11 @@ def run_variant(
     bar = tqdm(total=total, desc=f"{variant} {strategy}", unit="req", file=sys.stderr,
                disable=args.no_progress)  # fmt: skip
     log = out / f"{args.algorithm}-{variant}-{strategy}.log"
-    flags = [*algorithm_flags(args.algorithm, args.draft_model), *VARIANT_FLAGS[variant]]
+    flags = [
+        *algorithm_flags(args.algorithm, args.draft_model),
+        *shlex.split(args.server_flags),
+        *VARIANT_FLAGS[variant],
+    ]
     with bar, LocalServer(model, flags, log=log, strategy=strategy) as server:
 
         def ask(ids: list[int], kind: str) -> list[int]:
@@ -142,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--draft-model", default="data/tiny-spec/draft", help="STANDALONE's or EAGLE's draft"
     )
-    p.add_argument("--variants", default="stock,jenga")
+    p.add_argument("--variants", default="stock,jenga", help=", ".join(VARIANT_FLAGS))
+    p.add_argument(
+        "--server-flags", default="", help="more flags for every server (e.g. a small budget)"
+    )
     p.add_argument("--strategies", default="no_buffer,extra_buffer")
     p.add_argument("--sessions", type=int, default=3)
     p.add_argument("--turns", type=int, default=2)

@@ -386,8 +386,9 @@ def check_disaggregation(args: argparse.Namespace) -> None:
             "decode workers only; pass --no-jenga-pool (SGLang's pools under our tree; "
             "docs/sglang.md, 'Prefill-decode disaggregation')"
         )
-    algorithm = str(getattr(args, "speculative_algorithm", None) or "NGRAM").upper()
-    if getattr(args, "jenga_pool", None) is not False and algorithm not in DRAFTLESS_SPECULATIVE:
+    algorithm = str(getattr(args, "speculative_algorithm", None) or "").upper()
+    drafted = algorithm not in ("", *DRAFTLESS_SPECULATIVE)  # a draft model's KV in the pages
+    if getattr(args, "jenga_pool", None) is not False and drafted:
         raise JengaFlagError(
             f"--jenga-pool (on with --enable-jenga) conflicts with --speculative-algorithm "
             f"{algorithm} under --disaggregation-mode {mode}: the draft's KV rides in the "

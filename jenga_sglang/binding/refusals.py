@@ -35,8 +35,9 @@ class Refusal:
 #: (binding/pools/sglang_pool.py `add_verify_scratch`).
 DRAFTLESS_SPECULATIVE: tuple[str, ...] = ("NGRAM",)
 #: Algorithms whose draft model's KV joins the target's KV pages (binding/pools/draft.py), on
-#: a hybrid Mamba model's pool; those tested on this machine (docs/sglang.md).
-DRAFT_IN_POOL_SPECULATIVE: tuple[str, ...] = ("STANDALONE", "EAGLE")
+#: a hybrid Mamba model's pool; those tested on this machine (docs/sglang.md). NEXTN is the
+#: flag's name for a model's own MTP layers (SGLang runs them as EAGLE).
+DRAFT_IN_POOL_SPECULATIVE: tuple[str, ...] = ("STANDALONE", "EAGLE", "NEXTN")
 POOL_SPECULATIVE = DRAFTLESS_SPECULATIVE + DRAFT_IN_POOL_SPECULATIVE
 
 
@@ -92,9 +93,9 @@ WITH_POOL: tuple[Refusal, ...] = (
     Refusal(
         "speculative_algorithm",
         "--speculative-algorithm",
-        "only NGRAM, STANDALONE and EAGLE run over the pool: the other algorithms' drafts "
-        "(EAGLE3's on captured layers, NEXTN/MTP heads inside the target, DFLASH's pools) are "
-        "not tested on it",
+        "only NGRAM, STANDALONE, EAGLE and NEXTN run over the pool: EAGLE3 is not tested on it "
+        "(NemotronH, the model it is tested with, captures no auxiliary hidden states), and "
+        "DFLASH-family drafts keep pools of their own",
         None,
         POOL_SPECULATIVE,
     ),
