@@ -40,8 +40,8 @@ from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import STRATEGIES, LocalServer
 from jenga_sglang.bench.studies.sessions_cpu import VARIANTS
 
-#: stock, jenga, and jenga with the live host tier (sessions_cpu.py's rates)
-VARIANT_FLAGS = {name: VARIANTS[name] for name in ("stock", "jenga", "jenga-host")}
+#: stock, jenga, jenga with the live host tier (sessions_cpu.py's rates), our tree on SGLang's pools
+VARIANT_FLAGS = {name: VARIANTS[name] for name in ("stock", "jenga", "jenga-host", "jenga-no-pool")}
 
 COMMON_FLAGS: tuple[str, ...] = (
     "--speculative-num-draft-tokens", "4",
