@@ -19,9 +19,10 @@ its drafts are accepted); then `branches` branch points part-way into a session'
 each left by two requests with different tails (the second can resume from the first's
 branch-point state).
 
-Reported per variant and strategy: cached tokens, verify rounds, proposed and accepted drafts,
-mean acceptance length (tokens per verify round), summed latency; for a variant served after
-stock, whether every request's output equals stock's. `--variants stock,jenga-host
+Reported per variant and strategy: cached tokens (and, with the host tier, those loaded from
+host), verify rounds, proposed and accepted drafts, mean acceptance length (tokens per verify
+round), summed latency; for a variant served after stock, whether every request's output
+equals stock's. `--variants stock,jenga-host
 --server-flags '--max-total-tokens 320 --max-mamba-cache-size 6'` serves sessions that leave
 the device for our host tier and come back (a draft model's KV rows with them).
 """
@@ -38,7 +39,7 @@ from typing import Any
 
 from jenga_sglang.bench.drivers.faults import generate
 from jenga_sglang.bench.drivers.server import STRATEGIES, LocalServer
-from jenga_sglang.bench.studies.sessions_cpu import VARIANTS
+from jenga_sglang.bench.studies.sessions_cpu import VARIANTS, host_metrics
 
 #: stock, jenga, jenga with the live host tier (sessions_cpu.py's rates), our tree on SGLang's pools
 VARIANT_FLAGS = {name: VARIANTS[name] for name in ("stock", "jenga", "jenga-host", "jenga-no-pool")}
@@ -100,7 +101,13 @@ def run_variant(
         *shlex.split(args.server_flags),
         *VARIANT_FLAGS[variant],
     ]
+    tier = "--jenga-host-gb" in flags  # the host tier's counters, per request
     with bar, LocalServer(model, flags, log=log, strategy=strategy) as server:
+        loaded = [0.0]
+
+        def from_host() -> int:
+            before, loaded[0] = loaded[0], host_metrics(server.url)["host_hit_tokens_total"]
+            return int(loaded[0] - before)
 
         def ask(ids: list[int], kind: str) -> list[int]:
             status, body = generate(server.url, ids, args.reply_tokens, timeout_s=600)
@@ -114,6 +121,8 @@ def run_variant(
                 "accepted": int(meta.get("spec_num_correct_drafts", 0)),
                 "latency_s": float(meta["e2e_latency"]), "output": list(body["output_ids"]),
             })  # fmt: skip
+            if tier:
+                rows[-1]["from_host"] = from_host()
             bar.update()
             return list(body["output_ids"])
 
@@ -141,6 +150,8 @@ def summary(rows: list[dict[str, Any]], stock: list[dict[str, Any]] | None) -> d
         "accept_length": round((rounds + sum(r["accepted"] for r in rows)) / max(rounds, 1), 3),
         "latency_s": round(sum(r["latency_s"] for r in rows), 1),
     }
+    if any("from_host" in r for r in rows):
+        out["from_host_tokens"] = sum(r.get("from_host", 0) for r in rows)
     if stock is not None:
         out["outputs_equal_stock"] = [r["output"] for r in rows] == [r["output"] for r in stock]
     return out
