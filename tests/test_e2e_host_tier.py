@@ -11,8 +11,9 @@ from host. The greedy outputs must equal stock's (a loaded state or KV that diff
 demoted one would change them), and SGLang's strict idle leak check runs after every request.
 The tier's rates are this CPU's (bench/studies/sessions_cpu.py `jenga-host`). About 2-3 minutes
 on 2 cores, most of it the two starts. The `--page-size 16` variant (extra_buffer: SGLang's only
-strategy for a Mamba model at pages > 1), the `--enable-int8-mamba-checkpoint` one and the tiny
-gpt-oss (full and window KV) run with `make test-full`.
+strategy for a Mamba model at pages > 1), the `--enable-int8-mamba-checkpoint` one, the tiny
+gpt-oss (full and window KV) and STANDALONE speculative decoding (a draft model's KV rows back
+from host) run with `make test-full`.
 """
 
 from __future__ import annotations
@@ -128,3 +129,43 @@ def test_stock_hicache_serves_on_cpu_through_the_test_shim(
     assert hicache[4].cached > stock[4].cached  # the first session, back from host
     assert tier["sglang_host_cached_tokens"] > 0
     assert hicache[6].cached == 0  # flushed
+
+
+def _drafted(url: str, ids: list[int]) -> tuple[int, list[int], int]:
+    """Cached tokens, output and verify rounds of a greedy 16-token request."""
+    from tests.test_e2e_namespaces import post
+
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+    answer = post(url, "/generate", body)
+    meta = answer["meta_info"]
+    return int(meta["cached_tokens"]), list(answer["output_ids"]), int(meta["spec_verify_ct"])
+
+
+@pytest.mark.full
+def test_a_draft_models_kv_comes_back_from_host_with_the_targets(
+    tiny_spec: Path, tmp_path: Path
+) -> None:
+    """STANDALONE speculative decoding (make tiny-spec's target and draft, which agree
+    often) with the host tier: the first session leaves the device for host memory and its
+    second turn loads it back, the draft's KV in the same rows as the target's. A draft that
+    read rows the host did not restore would propose other tokens: the verify rounds equal
+    stock's, whose second turn recomputes everything, say it read them right."""
+    from jenga_sglang.bench.studies.speculative_cpu import algorithm_flags
+
+    spec = algorithm_flags("standalone", str(tiny_spec / "draft"))
+    runs = {}
+    for name, flags in (("stock", []), ("jenga", [*VARIANTS["jenga-host"]])):
+        log = tmp_path / f"{name}.log"
+        with LocalServer(
+            str(tiny_spec / "target"), [*BUDGET, *spec, *flags], log=log, ready_timeout_s=600
+        ) as server:
+            first = _drafted(server.url, PROMPT)
+            others = [_drafted(server.url, ids) for ids in OTHERS]
+            again = _drafted(server.url, PROMPT + first[1] + MESSAGE)
+            tier = host_metrics(server.url) if flags else {}
+        runs[name] = ([first, *others, again], tier)
+    (stock, _), (jenga, tier) = runs["stock"], runs["jenga"]
+    print(json.dumps({"stock": stock, "jenga": jenga, "tier": tier}))  # the RESULTS numbers
+    assert [r[1:] for r in jenga] == [r[1:] for r in stock]  # outputs and verify rounds
+    assert jenga[4][0] >= 200 > stock[4][0]  # the first session, back from host
+    assert tier["host_hit_tokens_total"] >= 200
