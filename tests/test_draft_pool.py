@@ -42,6 +42,15 @@ def draft_backend(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return chosen
 
 
+def _cache_params(torch: Any) -> Any:
+    """SGLang's Mamba2 cache parameters of two layers (conv (3, 8) bf16, temporal (1, 4, 8))."""
+    return SimpleNamespace(
+        shape=SimpleNamespace(conv=[(3, 8)], temporal=(1, 4, 8)),
+        dtype=SimpleNamespace(conv=torch.bfloat16, temporal=torch.float32),
+        layers=list(MAMBA),
+    )
+
+
 def _pools(torch: Any, draft_layers: int = DRAFT_LAYERS) -> Any:
     from jenga_sglang.binding.pools.build import (
         KVShape,
@@ -51,11 +60,7 @@ def _pools(torch: Any, draft_layers: int = DRAFT_LAYERS) -> Any:
     )
 
     kv = KVShape(ATTN, 2, 8, torch.bfloat16, draft_layers=draft_layers)
-    params = SimpleNamespace(
-        shape=SimpleNamespace(conv=[(3, 8)], temporal=(1, 4, 8)),
-        dtype=SimpleNamespace(conv=torch.bfloat16, temporal=torch.float32),
-        layers=list(MAMBA),
-    )
+    params = _cache_params(torch)
     rows = {"size": 4, "max_context_len": 128, "enable_mamba_extra_buffer": False}
     return build_jenga_pools(
         kv=kv,
@@ -118,11 +123,7 @@ def test_the_budget_and_the_host_copies_count_the_drafts_layers(torch: Any) -> N
     from jenga_sglang.binding.host.copies import kv_buffers
     from jenga_sglang.binding.pools.build import KV_TYPE, KVShape, storage_spec
 
-    params = SimpleNamespace(
-        shape=SimpleNamespace(conv=[(3, 8)], temporal=(1, 4, 8)),
-        dtype=SimpleNamespace(conv=torch.bfloat16, temporal=torch.float32),
-        layers=list(MAMBA),
-    )
+    params = _cache_params(torch)
     plain = storage_spec(KVShape(ATTN, 2, 8, torch.bfloat16), params)
     fused = storage_spec(KVShape(ATTN, 2, 8, torch.bfloat16, draft_layers=3), params)
     assert fused.kv_bytes_per_token == plain.kv_bytes_per_token * 5 // 2
