@@ -73,8 +73,9 @@ def _pools(torch: Any, draft_layers: int = DRAFT_LAYERS) -> Any:
     )
 
 
-def _draft_worker(layers: int = DRAFT_LAYERS, **overrides: Any) -> Any:
+def _draft_worker(layers: int = DRAFT_LAYERS, heads: int = 2, **overrides: Any) -> Any:
     fields = {
+        "model_config": SimpleNamespace(get_num_kv_heads=lambda tp, dcp: heads, head_dim=8),
         "is_draft_worker": True,
         "mambaish_config": None,
         "is_hybrid_swa": False,
@@ -173,6 +174,7 @@ def test_the_hook_gives_a_draft_worker_the_views_and_sglang_the_rest(torch: Any)
         (DRAFT_LAYERS, {"mambaish_config": object()}, "Mamba or linear-attention layers"),
         (DRAFT_LAYERS, {"is_hybrid_swa": True}, "sliding-window layers"),
         (DRAFT_LAYERS, {"layers": 2}, "2 KV layers .3 laid out for it"),
+        (DRAFT_LAYERS, {"heads": 4}, r"KV heads x head dim \(4, 8\) on this rank \(\(2, 8\)"),
         (0, {}, "3 KV layers .0 laid out for it"),
     ],
 )
@@ -183,9 +185,9 @@ def test_a_draft_the_rows_do_not_hold_is_refused_naming_why(
     from jenga_sglang.binding.pools.draft import draft_kv_pool
 
     allocator = _pools(torch, draft_layers).token_to_kv_pool_allocator
-    layers = worker.pop("layers", DRAFT_LAYERS)
+    layers, heads = worker.pop("layers", DRAFT_LAYERS), worker.pop("heads", 2)
     with pytest.raises(PoolBuildError, match=f"{named}.*--no-jenga-pool"):
-        draft_kv_pool(_draft_worker(layers, **worker), allocator)
+        draft_kv_pool(_draft_worker(layers, heads, **worker), allocator)
 
 
 def _target(

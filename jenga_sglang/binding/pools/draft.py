@@ -77,6 +77,9 @@ def draft_kv_pool(configurator: Any, allocator: Any) -> JengaMHATokenToKVPool:
     laid = 0 if found is None else len(found.k_views)
     if laid != layer.num_effective_layers:
         problems.append(f"{layer.num_effective_layers} KV layers ({laid} laid out for it)")
+    elif found is not None and (shape := _kv_shape(configurator)) != found.k_views[0].shape[1:]:
+        laid_shape = tuple(found.k_views[0].shape[1:])
+        problems.append(f"KV heads x head dim {shape} on this rank ({laid_shape} laid out)")
     if problems:
         raise PoolBuildError(
             f"--jenga-pool does not hold this draft model's state: it has {', '.join(problems)}"
@@ -94,6 +97,14 @@ def draft_kv_pool(configurator: Any, allocator: Any) -> JengaMHATokenToKVPool:
         start_layer=layer.start_layer,
         end_layer=layer.end_layer,
     )
+
+
+def _kv_shape(configurator: Any) -> tuple[int, int]:
+    """The draft worker's KV heads and head dim on this rank, as SGLang sizes its pool."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel, config = get_parallel(), configurator.model_config
+    return config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size), config.head_dim
 
 
 def _check_draft_attention() -> None:
