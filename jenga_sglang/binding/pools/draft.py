@@ -1,15 +1,15 @@
 """A draft model's KV in the target's KV pages (speculative decoding with a draft model).
 
-SGLang runs a draft model (STANDALONE's, or EAGLE's head) in a ModelRunner of its own that
-shares the target's request pool and KV allocator and builds its own KV pool, indexed by the
-target's token slots: the draft writes the KV of a token at the slot of the target's KV of that
-token. On the Jenga pool a slot is a row of a KV page, so the draft's layers join that page:
-one row holds every target and draft attention layer's K and V of its token. What the
-allocator hands out, the tree caches, evicts or moves to host is then the draft's KV with the
-target's, and nothing is allocated for slots the pool may never carve into KV (SGLang's own
-unified allocator gives a draft a pool over its whole virtual slot space instead). A page
-type of its own would need allocating in lockstep with the target's KV, slot for slot: the
-row is that lockstep.
+SGLang runs a draft model (STANDALONE's, EAGLE's head, NEXTN's MTP layer) in a ModelRunner of
+its own that shares the target's request pool and KV allocator and builds its own KV pool,
+indexed by the target's token slots: the draft writes the KV of a token at the slot of the
+target's KV of that token. On the Jenga pool a slot is a row of a KV page, so the draft's layers
+join that page: one row holds every target and draft attention layer's K and V of its token.
+What the allocator hands out, the tree caches, evicts or moves to host is then the draft's KV
+with the target's, and nothing is allocated for slots the pool may never carve into KV (SGLang's
+own unified allocator gives a draft a pool over its whole virtual slot space instead). A page
+type of its own would need allocating in lockstep with the target's KV, slot for slot: the row
+is that lockstep.
 
 SGLang's sizing already charges the draft's layers per KV token (a draft with the target's
 per-layer KV shape), so the pool's byte budget is that same figure. Refused at start-up, with
