@@ -82,8 +82,8 @@ def draft_kv_pool(configurator: Any, allocator: Any) -> JengaMHATokenToKVPool:
         problems.append(f"KV heads x head dim {shape} on this rank ({laid_shape} laid out)")
     if problems:
         raise PoolBuildError(
-            f"--jenga-pool does not hold this draft model's state: it has {', '.join(problems)}"
-            " (pass --no-jenga-pool)"
+            "--jenga-pool does not hold this draft model's KV in the target's rows: as SGLang "
+            f"builds it, it has {', '.join(problems)} (pass --no-jenga-pool)"
         )
     assert found is not None
     _check_draft_attention()
