@@ -22,9 +22,10 @@ branch-point state).
 Reported per variant and strategy: cached tokens (and, with the host tier, those loaded from
 host), verify rounds, proposed and accepted drafts, mean acceptance length (tokens per verify
 round), summed latency; for a variant served after stock, whether every request's output
-equals stock's. `--variants stock,jenga-host
---server-flags '--max-total-tokens 320 --max-mamba-cache-size 6'` serves sessions that leave
-the device for our host tier and come back (a draft model's KV rows with them).
+equals stock's. `--variants stock,jenga-host` serves with our host tier, and a small budget
+(`--server-flags '--max-total-tokens 320 --max-mamba-cache-size 6'`) pushes sessions off the
+device; this workload comes back to few of them (no host hit at that budget with STANDALONE),
+so the round trip of a draft's rows is tests/test_e2e_host_tier.py's.
 """
 
 from __future__ import annotations
