@@ -35,8 +35,6 @@ logger = logging.getLogger(__name__)
 def draft_layers(configurator: Any, target: KVShape) -> int:
     """KV layers the target worker's pool keeps per token for its draft model (0 without
     one); raises PoolBuildError for a draft whose KV the pages cannot hold."""
-    from sglang.srt.runtime_context import get_parallel
-
     algorithm = configurator.spec_algorithm
     if algorithm.is_none() or not algorithm.has_draft_kv():
         return 0  # no speculation, or NGRAM (no draft model)
@@ -48,13 +46,12 @@ def draft_layers(configurator: Any, target: KVShape) -> int:
             f"--jenga-pool cannot size the KV of this {algorithm.name} draft "
             "(SGLang resolved no draft layer count)"
         )
-    parallel = get_parallel()
-    heads = draft.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
-    if (heads, draft.head_dim, draft.v_head_dim) != (target.head_num,) + (target.head_dim,) * 2:
+    heads, head_dim = _kv_shape(draft)
+    if (heads, head_dim, draft.v_head_dim) != (target.head_num,) + (target.head_dim,) * 2:
         raise PoolBuildError(
             f"--jenga-pool holds a draft model's KV in the target's KV pages, which needs the "
             f"target's KV heads and head dim ({target.head_num} x {target.head_dim}); the draft "
-            f"has {heads} x {draft.head_dim} (pass --no-jenga-pool)"
+            f"has {heads} x {head_dim} (pass --no-jenga-pool)"
         )
     return layers
 
@@ -77,9 +74,10 @@ def draft_kv_pool(configurator: Any, allocator: Any) -> JengaMHATokenToKVPool:
     laid = 0 if found is None else len(found.k_views)
     if laid != layer.num_effective_layers:
         problems.append(f"{layer.num_effective_layers} KV layers ({laid} laid out for it)")
-    elif found is not None and (shape := _kv_shape(configurator)) != found.k_views[0].shape[1:]:
-        laid_shape = tuple(found.k_views[0].shape[1:])
-        problems.append(f"KV heads x head dim {shape} on this rank ({laid_shape} laid out)")
+    elif found is not None:
+        shape, laid_shape = _kv_shape(configurator.model_config), tuple(found.k_views[0].shape[1:])
+        if shape != laid_shape:
+            problems.append(f"KV heads x head dim {shape} on this rank ({laid_shape} laid out)")
     if problems:
         raise PoolBuildError(
             "--jenga-pool does not hold this draft model's KV in the target's rows: as SGLang "
@@ -99,12 +97,13 @@ def draft_kv_pool(configurator: Any, allocator: Any) -> JengaMHATokenToKVPool:
     )
 
 
-def _kv_shape(configurator: Any) -> tuple[int, int]:
-    """The draft worker's KV heads and head dim on this rank, as SGLang sizes its pool."""
+def _kv_shape(model_config: Any) -> tuple[int, int]:
+    """A model's KV heads and head dim on this rank, as SGLang sizes its KV pool."""
     from sglang.srt.runtime_context import get_parallel
 
-    parallel, config = get_parallel(), configurator.model_config
-    return config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size), config.head_dim
+    parallel = get_parallel()
+    heads = model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
+    return heads, model_config.head_dim
 
 
 def _check_draft_attention() -> None:
