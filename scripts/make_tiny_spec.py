@@ -45,6 +45,20 @@ def _attention_layer(config: dict[str, Any]) -> int:
     return str(config["hybrid_override_pattern"]).index("*")
 
 
+def _projections(target: dict[str, Any], layer: int, prefix: str) -> dict[str, Any]:
+    """The target's attention layer `layer`'s q/k/v/o projections, renamed `prefix`.{p}_proj."""
+    src = f"model.layers.{layer}.mixer"
+    return {f"{prefix}.{p}_proj.weight": target[f"{src}.{p}_proj.weight"] for p in "qkvo"}
+
+
+def _pass_through(hidden: int, scale: float = 1.0) -> Any:
+    """A [hidden, 2 x hidden] projection that keeps the first input (times `scale`) and drops
+    the second: the token embedding through, the target's hidden state out."""
+    import torch
+
+    return torch.cat([torch.eye(hidden) * scale, torch.zeros(hidden, hidden)], dim=1)
+
+
 def quiet_target(tensors: dict[str, Any]) -> dict[str, Any]:
     """The target's tensors with Mamba outputs scaled down and the MLP's output zeroed."""
     out = dict(tensors)
@@ -72,11 +86,7 @@ def draft_tensors(target: dict[str, Any], layer: int, config: dict[str, Any]) ->
         "model.layers.0.mlp.up_proj.weight": torch.zeros(inter, hidden),
         "model.layers.0.mlp.down_proj.weight": torch.zeros(hidden, inter),
     }
-    for proj in ("q", "k", "v", "o"):
-        out[f"model.layers.0.self_attn.{proj}_proj.weight"] = target[
-            f"{src}.mixer.{proj}_proj.weight"
-        ]
-    return out
+    return out | _projections(target, layer, "model.layers.0.self_attn")
 
 
 def eagle_tensors(draft: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +102,7 @@ def eagle_tensors(draft: dict[str, Any]) -> dict[str, Any]:
     embed = draft["model.embed_tokens.weight"]
     hidden = embed.shape[1]
     rms = float(embed.pow(2).mean(dim=1).sqrt().mean())
-    out["fc.weight"] = torch.cat([torch.eye(hidden) / rms, torch.zeros(hidden, hidden)], dim=1)
+    out["fc.weight"] = _pass_through(hidden, 1 / rms)
     out["fc.bias"] = torch.zeros(hidden)
     return out
 
@@ -108,13 +118,11 @@ def mtp_tensors(target: dict[str, Any], layer: int) -> dict[str, Any]:
     out = {
         f"{dst}.enorm.weight": torch.ones(hidden),
         f"{dst}.hnorm.weight": torch.ones(hidden),
-        f"{dst}.eh_proj.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1),
+        f"{dst}.eh_proj.weight": _pass_through(hidden),
         f"{dst}.norm.weight": target[f"{src}.norm.weight"],
         f"{dst}.final_layernorm.weight": torch.ones(hidden),
     }
-    for proj in ("q", "k", "v", "o"):
-        out[f"{dst}.mixer.{proj}_proj.weight"] = target[f"{src}.mixer.{proj}_proj.weight"]
-    return out
+    return out | _projections(target, layer, f"{dst}.mixer")
 
 
 def llama_config(target: dict[str, Any], architecture: str) -> dict[str, Any]:
