@@ -104,13 +104,10 @@ def run_variant(
     ]
     tier = "--jenga-host-gb" in flags  # the host tier's counters, per request
     with bar, LocalServer(model, flags, log=log, strategy=strategy) as server:
-        loaded = [0.0]
-
-        def from_host() -> int:
-            before, loaded[0] = loaded[0], host_metrics(server.url)["host_hit_tokens_total"]
-            return int(loaded[0] - before)
+        loaded = 0.0  # host hit tokens so far
 
         def ask(ids: list[int], kind: str) -> list[int]:
+            nonlocal loaded
             status, body = generate(server.url, ids, args.reply_tokens, timeout_s=600)
             if status != 200:
                 raise RuntimeError(f"{variant} {strategy}: HTTP {status}: {body}")
@@ -123,7 +120,8 @@ def run_variant(
                 "latency_s": float(meta["e2e_latency"]), "output": list(body["output_ids"]),
             })  # fmt: skip
             if tier:
-                rows[-1]["from_host"] = from_host()
+                before, loaded = loaded, host_metrics(server.url)["host_hit_tokens_total"]
+                rows[-1]["from_host"] = int(loaded - before)
             bar.update()
             return list(body["output_ids"])
 
