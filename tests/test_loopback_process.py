@@ -1,8 +1,10 @@
-"""bench/drivers/process.py: stopping a loopback process takes its whole process group."""
+"""bench/drivers/process.py: stopping a loopback process takes its whole process group. And
+bench/drivers/server.py's ports for servers that bind them later."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jenga_sglang.bench.drivers import server
 from jenga_sglang.bench.drivers.process import LoopbackProcess, ServerError
 
 
@@ -120,3 +123,24 @@ with Probe(["bash", "-c", "sleep 300 & echo $! > {pidfile}; wait"], log=Path("{t
     finally:
         caller.kill()
         caller.wait(timeout=10)
+
+
+def test_server_ports_avoid_the_ephemeral_range_and_are_never_handed_out_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port that a server binds only later must not be one an outgoing connection can take
+    meanwhile (the ephemeral range), nor one SGLang picks for its own ports (22000 up); one
+    held by a listener or handed out before is skipped, and none left is an error."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [server.free_port() for _ in range(40)]
+    assert len(set(ports)) == len(ports)
+    assert all(15000 <= p < min(22000, ephemeral_low) for p in ports), ports
+    first = ports[0]
+    monkeypatch.setattr(server, "_PORT_RANGE", (first, first + 2))  # handed out, held, free
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", first + 1))
+        held.listen()
+        monkeypatch.setattr(server, "_handed_out", {first})
+        assert server.free_port() == first + 2
+        with pytest.raises(OSError, match="no free port"):
+            server.free_port()

@@ -49,25 +49,39 @@ STRATEGY_ENV: dict[str, dict[str, str]] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# Ports a server binds only later come from under the kernel's ephemeral range: bind(0) and every
+# outgoing connection draw from that range, and a port picked there by binding port 0 was taken by
+# another socket before a slowly starting server bound it (seen twice on 2026-11-30: a TP server,
+# then a PD prefill server in CI, whose uvicorn then exited with 3). SGLang picks its own later
+# ports (NCCL's store among them) from 22000-29999, so ours stay below that.
+_PORT_RANGE = (15000, 21999)
+_handed_out: set[int] = set()  # this process never hands out a port twice
 
 
-def free_port_below(limit: int, tries: int = 64) -> int:
-    """A free loopback port under `limit` (SGLang's legacy gRPC mode also checks port + 10000)."""
+def free_port(tries: int = 64) -> int:
+    """A loopback port that is free now and that a process may bind later (see above)."""
     import random
 
-    for _ in range(tries):
-        port = random.randrange(20000, limit)
+    low, high = _PORT_RANGE
+    span = range(low, min(high, _ephemeral_low() - 1) + 1)
+    for port in random.sample(span, min(tries, len(span))):
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    raise OSError(f"no free port under {limit} after {tries} tries")
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free port in {low}-{high} after {tries} tries")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class LocalServer(LoopbackProcess):

@@ -51,7 +51,7 @@ from jenga_sglang.bench.drivers.faults import (
     post_generate,
     unexpected_tracebacks,
 )
-from jenga_sglang.bench.drivers.server import LocalServer, free_port, free_port_below
+from jenga_sglang.bench.drivers.server import LocalServer, free_port
 from jenga_sglang.bench.studies.e2e_cpu import prefill_rounds
 from jenga_sglang.cpu_transfer import received_bytes
 
@@ -114,10 +114,10 @@ def load(args: argparse.Namespace, ask: Ask) -> None:
 def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]]:
     """Every request's reply from one stock server (no PD), in `load`'s order."""
     replies: list[list[int]] = []
-    flags, env, port = _parallel(args)
+    flags, env = _parallel(args)
     with LocalServer(
         model, [*flags, *shlex.split(args.server_flags)], log=out / "reference.log", env=env,
-        port=port(), ready_timeout_s=900,
+        ready_timeout_s=900,
     ) as server:  # fmt: skip
 
         def ask(kind: str, prompt: list[int]) -> list[int]:
@@ -131,7 +131,7 @@ def reference(model: str, args: argparse.Namespace, out: Path) -> list[list[int]
 
 def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     boot = free_port()
-    tp, tp_env, port = _parallel(args)
+    tp, tp_env = _parallel(args)
     env = {**PD_ENV, **tp_env}
     prefill_flags = (
         "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
@@ -144,8 +144,8 @@ def run_variant(model: str, variant: str, args: argparse.Namespace, out: Path) -
     rows: list[dict[str, Any]] = []
     logs = out / f"{variant}-prefill.log", out / f"{variant}-decode.log"
     with (
-        LocalServer(model, prefill_flags, log=logs[0], env=env, port=port()) as prefill,
-        LocalServer(model, decode_flags, log=logs[1], env=env, port=port()) as decode,
+        LocalServer(model, prefill_flags, log=logs[0], env=env) as prefill,
+        LocalServer(model, decode_flags, log=logs[1], env=env) as decode,
         ThreadPoolExecutor(2) as pool,
     ):
         sides = {"prefill": prefill.url, "decode": decode.url}
@@ -224,21 +224,16 @@ def _aborted(
     }
 
 
-def _parallel(
-    args: argparse.Namespace,
-) -> tuple[tuple[str, ...], dict[str, str], Callable[[], int | None]]:
+def _parallel(args: argparse.Namespace) -> tuple[tuple[str, ...], dict[str, str]]:
     """`--tp N` > 1: the flags and environment of N tensor-parallel ranks per server (rank i
-    on core i mod the CPU count, as `scale_tp` runs them; the CPU shim turns pynccl off), and
-    HTTP ports under SGLang's range for its own ports and under the kernel's ephemeral range:
-    a TP server starts slowly, and a port picked by binding port 0 was taken by another
-    socket before it bound (seen 2026-11-30). At 1: nothing added, SGLang's defaults."""
+    on core i mod the CPU count, as `scale_tp` runs them; the CPU shim turns pynccl off).
+    At 1: nothing added, SGLang's defaults."""
     tp = int(getattr(args, "tp", 1))
     if tp <= 1:
-        return (), {}, lambda: None
+        return (), {}
     cores = os.cpu_count() or 1
     bind = "|".join(str(rank % cores) for rank in range(tp))
-    env = {"SGLANG_CPU_OMP_THREADS_BIND": bind}
-    return ("--tp-size", str(tp)), env, lambda: free_port_below(22000)
+    return ("--tp-size", str(tp)), {"SGLANG_CPU_OMP_THREADS_BIND": bind}
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from jenga_sglang.bench.drivers.router import POLICIES, LocalRouter
-from jenga_sglang.bench.drivers.server import LocalServer, free_port, free_port_below
+from jenga_sglang.bench.drivers.server import LocalServer, free_port
 from jenga_sglang.bench.studies.online import run_online
 from jenga_sglang.bench.traces.turns import OnlineConfig
 
@@ -93,10 +93,8 @@ def _worker(
     events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}", "topic": "kv"})
     flags = ("--grpc-mode", "--kv-events-config", events, *server_flags, *VARIANT_FLAGS[variant])
     env = {"SGLANG_CPU_OMP_THREADS_BIND": str(core)}  # one core per replica
-    port = free_port_below(55535)  # legacy gRPC mode validates --port + 10000 as a port
-    return LocalServer(
-        model, flags, log=log, env=env, ready_line=READY, ready_timeout_s=600, port=port
-    )
+    # free_port's range keeps --port + 10000 a port, which legacy gRPC mode validates
+    return LocalServer(model, flags, log=log, env=env, ready_line=READY, ready_timeout_s=600)
 
 
 def predicted_hits(router_log: str) -> dict[str, int]:
