@@ -155,17 +155,45 @@ def test_the_hook_gives_a_draft_worker_the_views_and_sglang_the_rest(torch: Any)
     assert isinstance(got.token_to_kv_pool, JengaMHATokenToKVPool)
     found = pools.token_to_kv_pool.jenga_draft_kv
     assert got.token_to_kv_pool.k_buffer[2] is found.k_views[2]
-    # A draft worker on SGLang's allocator (--no-jenga-pool) is SGLang's to build.
-    assert (
-        around_init_pools(
-            original,
+
+
+def test_a_draft_on_sglangs_pools_has_its_kv_copied_to_host_with_the_targets(
+    torch: Any,
+) -> None:
+    """--no-jenga-pool: SGLang builds the draft worker's pools, and the host tier's copies
+    take the draft's K and V at the target's slots with the target's; a draft pool over other
+    slots is refused where the tier is built, not copied wrong."""
+    from jenga_sglang.binding.host.copies import kv_buffers
+    from jenga_sglang.binding.pools.build import KV_TYPE
+    from jenga_sglang.binding.pools.hook import around_init_pools
+
+    def kv(slots: int, layers: int) -> Any:
+        return SimpleNamespace(
+            k_buffer=[torch.zeros(slots, 2, 8) for _ in range(layers)],
+            v_buffer=[torch.zeros(slots, 2, 8) for _ in range(layers)],
+        )
+
+    class HybridKV:  # SGLang's hybrid pool around its full-attention KV (weakly referenced)
+        full_kv_pool = kv(64, 2)
+
+    def draft_worker_pools(target: Any, draft: Any) -> Any:
+        return around_init_pools(
+            lambda configurator, **kwargs: SimpleNamespace(token_to_kv_pool=draft),
             _draft_worker(server_args=SimpleNamespace()),
             sizes=None,
-            req_to_token_pool=pools.req_to_token_pool,
-            token_to_kv_pool_allocator=object(),
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: target),
         )
-        == "sglang's pools"
-    )
+
+    target, draft = HybridKV(), kv(64, 1)
+    assert draft_worker_pools(target, draft).token_to_kv_pool is draft  # SGLang's to build
+    copied = kv_buffers(target, KV_TYPE, None)[KV_TYPE]
+    assert len(copied) == 2 * (2 + 1)
+    assert copied[4] is draft.k_buffer[0] and copied[5] is draft.v_buffer[0]  # after K0 K1 V0 V1
+    assert len(kv_buffers(HybridKV(), KV_TYPE, None)[KV_TYPE]) == 2 * 2  # no draft
+    draft_worker_pools(target, kv(32, 1))
+    with pytest.raises(NotImplementedError, match="over the target's 64 token slots"):
+        kv_buffers(target, KV_TYPE, None)
 
 
 @pytest.mark.parametrize(

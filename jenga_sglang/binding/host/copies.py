@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from jenga_sglang.binding.host.memory import HostSlotMemory
+from jenga_sglang.binding.pools.draft import draft_kv_buffers
 from jenga_sglang.binding.slots.ids import page_ids
 from jenga_sglang.binding.slots.kv_events import HitSpanEvents
 from jenga_sglang.radix.host import HostCopies
@@ -117,8 +118,8 @@ def kv_buffers(
     kvcache: Any, kv_type: PageType, window_type: PageType | None
 ) -> dict[PageType, list[torch.Tensor]]:
     """The K and V buffers of each KV page type: the full-attention pool's (a hybrid model's
-    `full_kv_pool`, and a draft model's views of its rows), and with `window_type` the
-    sliding-window pool's (`swa_kv_pool`)."""
+    `full_kv_pool`, and a draft model's KV at the same slots: `draft_kv_buffers`), and with
+    `window_type` the sliding-window pool's (`swa_kv_pool`)."""
     pools = {kv_type: getattr(kvcache, "full_kv_pool", kvcache)}
     if window_type is not None:
         pools[window_type] = kvcache.swa_kv_pool
@@ -129,9 +130,7 @@ def kv_buffers(
                 "buffers to copy (MLA and other layouts are not served by the host tier)"
             )
     buffers = {t: [*pool.k_buffer, *pool.v_buffer] for t, pool in pools.items()}
-    draft = getattr(kvcache, "jenga_draft_kv", None)  # a draft model's layers of the same rows
-    if draft is not None:
-        buffers[kv_type] += [*draft.k_views, *draft.v_views]
+    buffers[kv_type] += draft_kv_buffers(kvcache)  # a draft model's KV of the same slots
     return buffers
 
 

@@ -22,6 +22,7 @@ pool's strided views).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from jenga_sglang.binding.options import POOL_ATTENTION_BACKENDS
@@ -30,6 +31,10 @@ from jenga_sglang.binding.pools.build import KVShape, PoolBuildError
 from jenga_sglang.binding.pools.sglang_pool import DraftKV, JengaMHATokenToKVPool
 
 logger = logging.getLogger(__name__)
+
+# --no-jenga-pool: the draft worker's own SGLang KV pool, by the target's KV pool it shares slots
+# with (the draft worker is built before the tree, whose host tier copies both: `kv_buffers`).
+_SGLANG_DRAFT_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def draft_layers(configurator: Any, target: KVShape) -> int:
@@ -121,3 +126,32 @@ def _check_draft_attention() -> None:
             f"SGLang's draft backends only triton reads the pool's strided KV views; pass "
             "--speculative-draft-attention-backend triton, or --no-jenga-pool"
         )
+
+
+def remember_sglang_draft_pool(configurator: Any, allocator: Any, pools: Any) -> None:
+    """A draft worker's pools as SGLang built them (`--no-jenga-pool`): its KV pool is indexed
+    by the target's token slots, so the host tier must move its rows with the target's."""
+    if configurator.is_draft_worker and allocator is not None:
+        _SGLANG_DRAFT_POOLS[allocator.get_kvcache()] = pools.token_to_kv_pool
+
+
+def draft_kv_buffers(kvcache: Any) -> list[Any]:
+    """The K and V buffers of the draft model's KV at the target's token slots, beside the
+    target's KV pool `kvcache` (none without a draft model): the Jenga pool's draft views of
+    its rows, or the draft worker's own SGLang pool. Raises NotImplementedError for a draft
+    pool whose rows are not the target's slots."""
+    found: DraftKV | None = getattr(kvcache, "jenga_draft_kv", None)
+    if found is not None:
+        return [*found.k_views, *found.v_views]
+    pool = _SGLANG_DRAFT_POOLS.get(kvcache)
+    if pool is None:
+        return []
+    pool = getattr(pool, "full_kv_pool", pool)
+    target = getattr(kvcache, "full_kv_pool", kvcache)
+    slots = len(target.k_buffer[0])
+    if not hasattr(pool, "k_buffer") or any(len(b) != slots for b in pool.k_buffer):
+        raise NotImplementedError(
+            f"--jenga-host-gb: the draft model's KV pool {type(pool).__name__} has no per-layer "
+            f"K and V buffers over the target's {slots} token slots to copy with the target's"
+        )
+    return [*pool.k_buffer, *pool.v_buffer]

@@ -13,7 +13,8 @@ pools"):
   for pre-allocated requests included: binding/pools/decode_pool.py); a hybrid-SWA model gets
   its full and window KV from one Jenga pool (binding/pools/swa_hook.py); anything else goes
   to the original; a draft worker of such a target gets the draft's views of the same KV
-  pages (binding/pools/draft.py);
+  pages (binding/pools/draft.py), and one on SGLang's pools has its KV pool noted for the
+  host tier's copies;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -72,7 +73,9 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
             token_to_kv_pool_allocator=built.token_to_kv_pool_allocator,
         )
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
-        return original(configurator, **kwargs)
+        built = original(configurator, **kwargs)
+        draft_pool.remember_sglang_draft_pool(configurator, allocator, built)
+        return built
 
     from jenga_sglang.binding.cache.tp_consensus import check_pool_agreed
 
