@@ -366,6 +366,19 @@ def scenarios(probe: Probe, positions: dict[str, list[list[int]]]) -> list[dict[
     return out
 
 
+def tails_only(probe: Probe, gathers: GatherCheck) -> list[dict[str, Any]]:
+    """A forward whose captures are all at their rows' ends (a chat turn's prompt end): the
+    live states copied, no capture kernel launched (binding/capture/forward.py)."""
+    rows = [tokens(40, 13), tokens(70, 14)]
+    before = gathers.calls
+    probe.prefill([probe.admit(ids, (len(ids),)) for ids in rows])
+    out = [
+        {"scenario": f"tail-row{i}", "rows": probe.compare(ids, [len(ids)])}
+        for i, ids in enumerate(rows)
+    ]
+    return [*out, {"scenario": "tails", "launches": gathers.calls - before}]
+
+
 def logits_unchanged(probe: Probe) -> bool:
     """The forward's outputs with captures equal those of the same batch without them."""
     ids = [tokens(70, 11), tokens(40, 12)]
@@ -402,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     runner, _ = build_runner(args.model, args.strategy)
     probe = Probe(runner, args.strategy)
     gathers = GatherCheck()
-    for row in scenarios(probe, LEAN if args.lean else FULL):
+    for row in [*scenarios(probe, LEAN if args.lean else FULL), *tails_only(probe, gathers)]:
         print(json.dumps(row), flush=True)
     print(json.dumps({"scenario": "logits", "unchanged": logits_unchanged(probe)}), flush=True)
     snap = probe.cache.snapshot()

@@ -170,6 +170,7 @@ def _check_probe(
     within `conv_tol` (fp32 conv states) or, with `step_tol`, within one bf16 rounding step
     plus `step_tol` (fp32 GEMM rounding of cancelling sums)."""
     scenarios = ["single", "batch-row0", "batch-row1", "batch-row2", "resumed", "chunked"]
+    scenarios += ["tail-row0", "tail-row1"]  # prompt ends alone: copied, no kernel
     for name in [*scenarios, "natural"]:
         for row in found[name]["rows"]:
             where = f"{strategy} {name} p={row['p']}"
@@ -184,6 +185,7 @@ def _check_probe(
     assert found["logits"]["unchanged"]  # capturing does not perturb the forward
     assert found["slots"]["settled"]  # every capture slot taken or freed
     assert found["gather"]["calls"] > 0 and found["gather"]["mismatches"] == 0
+    assert found["tails"]["launches"] == 0
     counted = found["slots"]  # what jenga:inpass_captures / _lost / prefill_cuts export
     assert counted["lost"] == 0 and counted["cuts"] == 0
 

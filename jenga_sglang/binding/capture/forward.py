@@ -18,23 +18,30 @@ file is edited):
   kernels/conv_gather.py), and the SSM states from the chunk states the layer's own chunked
   kernel computed (kernels/ssd_capture.py, kernels/gdn_capture.py).
 
+A capture at its row's extend end (a prompt end, most often: every chat or agent turn plans
+one) is the state the layer leaves in the row's live slot, so it is not computed: when the
+layer returns, its live slots' conv and SSM states are copied into those destinations
+(`split_tail`, `_copy_tails`). A forward whose captures are all such tails launches no capture
+kernel (on the CPU interpreter the two launches were 5-20 % of a chat turn's first token).
+
 A batch counts as served, and its slots are handed to the tree, only once every state layer
-wrote both parts (`layer_written`); otherwise its slots are freed unwritten (counted lost).
-No extra forward, no chunk cut; outside a capturing forward each hook is one read of a
-context variable.
+wrote every part (its kernels' two where it has inner captures, and the tail copies: counted
+as the layer returns); otherwise its slots are freed unwritten (counted lost). No extra
+forward, no chunk cut; outside a capturing forward each hook is one read of a context
+variable.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from jenga_sglang.binding.cache.captures import BatchCaptures
+from jenga_sglang.binding.cache.captures import BatchCaptures, Capture
 from jenga_sglang.binding.capture.geometry import Geometry
 from jenga_sglang.kernels.conv_gather import NO_INIT, gather_conv_states
 from jenga_sglang.kernels.gdn_capture import GdnCaptures
@@ -58,8 +65,10 @@ class ForwardCaptures:
     conv_start: torch.Tensor
     conv_count: torch.Tensor
     conv_init: torch.Tensor  # live slot holding older conv inputs, or NO_INIT
-    ssm: SsdCaptures | GdnCaptures
+    ssm: SsdCaptures | GdnCaptures | None  # None: no inner capture, no kernel launched
     reads_row_states: bool
+    tail_src: torch.Tensor  # live (physical) slots of the rows whose extend end is captured
+    tail_dst: torch.Tensor  # and their destinations
 
 
 @dataclass
@@ -67,6 +76,12 @@ class _Layer:
     captures: ForwardCaptures
     cache: Any  # MambaPool.State of the running layer
     conv_done: bool = False
+    ssm_done: bool = False
+
+    @property
+    def kernels(self) -> bool:
+        """Whether this forward has inner captures, which the capture kernels write."""
+        return self.captures.ssm is not None
 
 
 _LAYER: contextvars.ContextVar[_Layer | None] = contextvars.ContextVar("jenga_layer", default=None)
@@ -77,23 +92,45 @@ def device_ids(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
+def split_tail(
+    captures: tuple[Capture, ...], extend_lens: Sequence[int]
+) -> tuple[tuple[Capture, ...], tuple[Capture, ...]]:
+    """(inner, tail): the captures before their row's extend end, and those at it (module
+    doc: a tail is the row's live state once the layer ran)."""
+    tail = tuple(c for c in captures if c.offset == extend_lens[c.row])
+    return tuple(c for c in captures if c.offset != extend_lens[c.row]), tail
+
+
 def build(
     batch: BatchCaptures,
-    geometry: Geometry,
+    geometry: Geometry | None,
+    tail: tuple[Capture, ...],
     live_slots: torch.Tensor,
     translate: Callable[[torch.Tensor], torch.Tensor],
     layers: int,
     ssm_of: Callable[[torch.Tensor], SsdCaptures | GdnCaptures],
 ) -> ForwardCaptures:
-    """Device tensors for `geometry`; `live_slots` are the rows' (physical) Mamba slots,
-    `translate` maps SGLang slot ids to physical ones (identity but for a unified pool),
-    `layers` is how many state layers must write them, and `ssm_of(dst)` gives the layer
-    kind's capture indices for the physical destinations."""
+    """Device tensors for the inner captures' `geometry` (None: there are none) and the `tail`
+    captures; `live_slots` are the rows' (physical) Mamba slots, `translate` maps SGLang slot
+    ids to physical ones (identity but for a unified pool), `layers` is how many state layers
+    must write them, and `ssm_of(dst)` gives the layer kind's capture indices for the physical
+    destinations."""
     device = live_slots.device
+
+    def physical(ids: tuple[int, ...]) -> torch.Tensor:
+        return translate(device_ids(ids, device)).to(torch.int64)
+
+    def live(rows: tuple[int, ...]) -> torch.Tensor:
+        return live_slots[device_ids(rows, device)].to(torch.int64)
+
+    batch.layers = layers
+    tail_src, tail_dst = live(tuple(c.row for c in tail)), physical(tuple(c.slot for c in tail))
+    if geometry is None:
+        none = device_ids((), device)
+        return ForwardCaptures(batch, none, none, none, none, None, False, tail_src, tail_dst)
     rows = device_ids(geometry.conv_init_row, device)
     init = torch.where(rows >= 0, live_slots[rows.clamp(min=0)].to(torch.int64), NO_INIT)
-    dst = translate(device_ids(geometry.dst, device)).to(torch.int64)
-    batch.layers = layers
+    dst = physical(geometry.dst)
     return ForwardCaptures(
         batch=batch,
         dst=dst,
@@ -102,30 +139,49 @@ def build(
         conv_init=init,
         ssm=ssm_of(dst),
         reads_row_states=geometry.reads_row_states,
+        tail_src=tail_src,
+        tail_dst=tail_dst,
     )
 
 
 @contextmanager
 def layer_scope(captures: ForwardCaptures | None, cache: Any) -> Iterator[None]:
-    """While a state layer runs, `cache` (its Mamba pool state) is the capture target."""
+    """While a state layer runs, `cache` (its Mamba pool state) is the capture target; once it
+    returns (not if it raises), the tail captures are copied and the layer counted."""
     if captures is None:
         yield
         return
-    token = _LAYER.set(_Layer(captures, cache))
+    layer = _Layer(captures, cache)
+    token = _LAYER.set(layer)
     try:
         yield
     finally:
         _LAYER.reset(token)
+    _copy_tails(layer)
+    if not layer.kernels or (layer.conv_done and layer.ssm_done):
+        captures.batch.written += 1
+
+
+def _copy_tails(layer: _Layer) -> None:
+    """The rows' live states, as the layer left them, into their tail captures' slots."""
+    c = layer.captures
+    if not c.tail_dst.numel():
+        return
+    for conv in layer.cache.conv:
+        conv[c.tail_dst] = conv[c.tail_src]
+    layer.cache.temporal[c.tail_dst] = layer.cache.temporal[c.tail_src]
 
 
 def current() -> _Layer | None:
-    """The running state layer's captures, if this forward captures."""
-    return _LAYER.get()
+    """The running state layer's captures, if this forward has inner captures to launch."""
+    layer = _LAYER.get()
+    return layer if layer is not None and layer.kernels else None
 
 
 def gather_conv(layer: _Layer, xbc: torch.Tensor) -> None:
-    """Conv state of every capture from the packed conv inputs `xbc` (T, D) and the rows' live
-    slots, into the layer's conv pool; must run before the conv overwrites the live slots."""
+    """Conv state of every inner capture from the packed conv inputs `xbc` (T, D) and the
+    rows' live slots, into the layer's conv pool; must run before the conv overwrites the live
+    slots."""
     if layer.conv_done:
         return  # both conv bindings of the Mamba2 mixer may wrap one function: gather once
     layer.conv_done = True
@@ -136,10 +192,9 @@ def gather_conv(layer: _Layer, xbc: torch.Tensor) -> None:
 
 
 def layer_written(layer: _Layer) -> None:
-    """The layer wrote its SSM states; it counts toward serving the batch if it wrote the conv
-    states too."""
-    if layer.conv_done:
-        layer.captures.batch.written += 1
+    """The layer's kernel wrote the inner captures' SSM states (counted as the layer returns,
+    `layer_scope`)."""
+    layer.ssm_done = True
 
 
 # ---------------------------------------------------------------- scheduler-side hooks

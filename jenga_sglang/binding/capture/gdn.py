@@ -5,7 +5,8 @@ binding/capture/forward.py).
   become device index tensors on the metadata (capture/geometry.py `plan_gdn`); not for
   speculative verification or multi-item scoring, whose layers take other kernels;
 * AROUND `GDNAttnBackend.forward_extend`: the layer's Mamba cache is the capture target
-  meanwhile;
+  meanwhile, and captures at a row's extend end are copied from its live slot when it returns
+  (no kernel; SGLang's page-major path has scattered its contiguous copies back by then);
 * AROUND `GDNAttnBackend._convolve_prefill`: the conv states, gathered into the pool before the
   conv overwrites the live slots. The conv may run on contiguous copies of the live slots
   (SGLang's page-major path); the pool still holds the same values then, and captures go to
@@ -42,24 +43,26 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -
     if getattr(backend, "mis_metadata", None) is not None:
         return
     extend_lens = [int(v) for v in forward_batch.extend_seq_lens_cpu]
+    inner, tail = cf.split_tail(batch.captures, extend_lens)
     geometry = plan_gdn(
-        batch.captures,
+        inner,
         [int(v) for v in forward_batch.extend_prefix_lens_cpu],
         extend_lens,
         int(backend.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[1]),
-    )
+    ) if inner else None  # fmt: skip
     live = metadata.mamba_cache_indices[: len(extend_lens)]
 
     def ssm_of(dst: Any) -> GdnCaptures:
+        assert geometry is not None
         src, start, count = (
             cf.device_ids(v, live.device)
             for v in (geometry.chunk_src, geometry.ssm_start, geometry.ssm_count)
         )
         return GdnCaptures(src, dst, start, count)
 
-    captures = cf.build(
-        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend), ssm_of
-    )
+    translate = backend._translate_mamba_indices
+    layers = cf.state_layers(backend)
+    captures = cf.build(batch, geometry, tail, live, translate, layers, ssm_of)
     setattr(metadata, cf.ATTR, captures)
 
 

@@ -2,7 +2,8 @@
 
 * AFTER `Mamba2AttnBackend.init_forward_metadata`: once per forward, the batch's captures
   become device index tensors on the metadata (capture/geometry.py `plan_mamba2`);
-* AROUND `MambaMixer2.forward`: the layer's Mamba cache is the capture target meanwhile;
+* AROUND `MambaMixer2.forward`: the layer's Mamba cache is the capture target meanwhile, and
+  captures at a row's extend end are copied from its live slot when it returns (no kernel);
 * AROUND the mixer's `causal_conv1d_fn` (both bindings): the conv states, before the conv
   overwrites the live slots;
 * AROUND the scan's `_mamba_chunk_scan_combined_fwd` (inside SGLang's
@@ -32,24 +33,27 @@ def after_init_forward_metadata(result: Any, backend: Any, forward_batch: Any) -
     batch = cf.batch_of(forward_batch)
     if batch is None or metadata.mixed_metadata is None:
         return
+    extend_lens = [int(v) for v in forward_batch.extend_seq_lens_cpu]
+    inner, tail = cf.split_tail(batch.captures, extend_lens)
     geometry = plan_mamba2(
-        batch.captures,
+        inner,
         [int(v) for v in forward_batch.extend_prefix_lens_cpu],
-        [int(v) for v in forward_batch.extend_seq_lens_cpu],
+        extend_lens,
         int(metadata.mixed_metadata.chunk_size),
         int(backend.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[1]),
-    )
+    ) if inner else None  # fmt: skip
     live = metadata.mamba_cache_indices[: metadata.num_prefills]
 
     def ssm_of(dst: Any) -> SsdCaptures:
+        assert geometry is not None
         return SsdCaptures.of(
             geometry.chunk_src, geometry.row_src, geometry.ssm_start, geometry.ssm_count,
             geometry.ssm_chains, dst,
         )  # fmt: skip
 
-    captures = cf.build(
-        batch, geometry, live, backend._translate_mamba_indices, cf.state_layers(backend), ssm_of
-    )
+    translate = backend._translate_mamba_indices
+    layers = cf.state_layers(backend)
+    captures = cf.build(batch, geometry, tail, live, translate, layers, ssm_of)
     setattr(metadata, cf.ATTR, captures)
 
 
