@@ -129,27 +129,39 @@ def test_the_budget_and_the_host_copies_count_the_drafts_layers(torch: Any) -> N
     fused = storage_spec(KVShape(ATTN, 2, 8, torch.bfloat16, draft_layers=3), params)
     assert fused.kv_bytes_per_token == plain.kv_bytes_per_token * 5 // 2
     assert fused.state_bytes == plain.state_bytes
-    with_draft = kv_buffers(_pools(torch).token_to_kv_pool, KV_TYPE, None)[KV_TYPE]
+    pools = _pools(torch)
+    assert kv_buffers(pools.token_to_kv_pool, KV_TYPE, None)[KV_TYPE] == [
+        *pools.token_to_kv_pool.full_kv_pool.k_buffer,
+        *pools.token_to_kv_pool.full_kv_pool.v_buffer,
+    ]  # no draft worker built over it yet
+    draft = _built_draft_worker(pools).token_to_kv_pool
+    with_draft = kv_buffers(pools.token_to_kv_pool, KV_TYPE, None)[KV_TYPE]
     without = kv_buffers(_pools(torch, 0).token_to_kv_pool, KV_TYPE, None)[KV_TYPE]
     assert (len(with_draft), len(without)) == (2 * (2 + DRAFT_LAYERS), 2 * 2)
+    assert with_draft[4:] == [*draft.k_buffer, *draft.v_buffer]  # the worker's row views
 
 
-def test_the_hook_gives_a_draft_worker_the_views_and_sglang_the_rest(torch: Any) -> None:
+def _built_draft_worker(pools: Any) -> Any:
+    """The draft worker's pools as our hook builds them over the target's `pools`."""
     from jenga_sglang.binding.pools.hook import around_init_pools
-    from jenga_sglang.binding.pools.sglang_pool import JengaMHATokenToKVPool
-
-    pools = _pools(torch)
 
     def original(configurator: Any, **kwargs: Any) -> str:
         return "sglang's pools"
 
-    got = around_init_pools(
+    return around_init_pools(
         original,
         _draft_worker(),
         sizes=None,
         req_to_token_pool=pools.req_to_token_pool,
         token_to_kv_pool_allocator=pools.token_to_kv_pool_allocator,
     )
+
+
+def test_the_hook_gives_a_draft_worker_the_views_and_sglang_the_rest(torch: Any) -> None:
+    from jenga_sglang.binding.pools.sglang_pool import JengaMHATokenToKVPool
+
+    pools = _pools(torch)
+    got = _built_draft_worker(pools)
     assert got.req_to_token_pool is pools.req_to_token_pool
     assert got.token_to_kv_pool_allocator is pools.token_to_kv_pool_allocator
     assert isinstance(got.token_to_kv_pool, JengaMHATokenToKVPool)

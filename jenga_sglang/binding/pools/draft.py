@@ -32,9 +32,10 @@ from jenga_sglang.binding.pools.sglang_pool import DraftKV, JengaMHATokenToKVPoo
 
 logger = logging.getLogger(__name__)
 
-# --no-jenga-pool: the draft worker's own SGLang KV pool, by the target's KV pool it shares slots
-# with (the draft worker is built before the tree, whose host tier copies both: `kv_buffers`).
-_SGLANG_DRAFT_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# The draft worker's KV pool as built (ours over the target's rows, or SGLang's own with
+# --no-jenga-pool), by the target's KV pool it shares slots with: the draft worker is built
+# before the tree, whose host tier copies both (`draft_kv_buffers`).
+_DRAFT_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def draft_layers(configurator: Any, target: KVShape) -> int:
@@ -128,22 +129,19 @@ def _check_draft_attention() -> None:
         )
 
 
-def remember_sglang_draft_pool(configurator: Any, allocator: Any, pools: Any) -> None:
-    """A draft worker's pools as SGLang built them (`--no-jenga-pool`): its KV pool is indexed
-    by the target's token slots, so the host tier must move its rows with the target's."""
+def remember_draft_pool(configurator: Any, allocator: Any, pool: Any) -> None:
+    """A draft worker's KV pool as built: it is indexed by the target's token slots, so the
+    host tier must move its rows with the target's."""
     if configurator.is_draft_worker and allocator is not None:
-        _SGLANG_DRAFT_POOLS[allocator.get_kvcache()] = pools.token_to_kv_pool
+        _DRAFT_POOLS[allocator.get_kvcache()] = pool
 
 
 def draft_kv_buffers(kvcache: Any) -> list[Any]:
     """The K and V buffers of the draft model's KV at the target's token slots, beside the
-    target's KV pool `kvcache` (none without a draft model): the Jenga pool's draft views of
-    its rows, or the draft worker's own SGLang pool. Raises NotImplementedError for a draft
-    pool whose rows are not the target's slots."""
-    found: DraftKV | None = getattr(kvcache, "jenga_draft_kv", None)
-    if found is not None:
-        return [*found.k_views, *found.v_views]
-    pool = _SGLANG_DRAFT_POOLS.get(kvcache)
+    target's KV pool `kvcache` (none without a draft model): the draft worker's pool, over the
+    Jenga pool's rows or SGLang's own. Raises NotImplementedError for a draft pool whose rows
+    are not the target's slots."""
+    pool = _DRAFT_POOLS.get(kvcache)
     if pool is None:
         return []
     pool = getattr(pool, "full_kv_pool", pool)

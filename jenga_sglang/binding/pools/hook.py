@@ -13,8 +13,8 @@ pools"):
   for pre-allocated requests included: binding/pools/decode_pool.py); a hybrid-SWA model gets
   its full and window KV from one Jenga pool (binding/pools/swa_hook.py); anything else goes
   to the original; a draft worker of such a target gets the draft's views of the same KV
-  pages (binding/pools/draft.py), and one on SGLang's pools has its KV pool noted for the
-  host tier's copies;
+  pages (binding/pools/draft.py); either way a draft worker's KV pool is noted for the host
+  tier's copies;
 * AFTER `configure`: `max_total_num_tokens` becomes the most KV tokens our pool can hold (the
   scheduler clips requests by it; SGLang computed the static split's KV share).
 """
@@ -60,9 +60,11 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
 
     allocator = kwargs.get("token_to_kv_pool_allocator")
     if draft_pool.wanted(configurator, allocator):
+        draft = draft_pool.draft_kv_pool(configurator, allocator)
+        draft_pool.remember_draft_pool(configurator, allocator, draft)
         return _InitializedPools(
             req_to_token_pool=kwargs["req_to_token_pool"],  # the target's, as SGLang shares it
-            token_to_kv_pool=draft_pool.draft_kv_pool(configurator, allocator),
+            token_to_kv_pool=draft,
             token_to_kv_pool_allocator=allocator,
         )
     if swa_pool_hook.wanted(configurator, kwargs.get("req_to_token_pool")):
@@ -74,7 +76,7 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
         )
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
         built = original(configurator, **kwargs)
-        draft_pool.remember_sglang_draft_pool(configurator, allocator, built)
+        draft_pool.remember_draft_pool(configurator, allocator, built.token_to_kv_pool)
         return built
 
     from jenga_sglang.binding.cache.tp_consensus import check_pool_agreed
