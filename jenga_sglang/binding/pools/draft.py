@@ -129,10 +129,10 @@ def _check_draft_attention() -> None:
         )
 
 
-def remember_draft_pool(configurator: Any, allocator: Any, pool: Any) -> None:
-    """A draft worker's KV pool as built: it is indexed by the target's token slots, so the
-    host tier must move its rows with the target's."""
-    if configurator.is_draft_worker and allocator is not None:
+def remember_draft_pool(allocator: Any, pool: Any) -> None:
+    """A draft worker's KV pool as built, over the target's `allocator`: it is indexed by the
+    target's token slots, so the host tier must move its rows with the target's."""
+    if allocator is not None:
         _DRAFT_POOLS[allocator.get_kvcache()] = pool
 
 

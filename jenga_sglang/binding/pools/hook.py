@@ -61,7 +61,7 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
     allocator = kwargs.get("token_to_kv_pool_allocator")
     if draft_pool.wanted(configurator, allocator):
         draft = draft_pool.draft_kv_pool(configurator, allocator)
-        draft_pool.remember_draft_pool(configurator, allocator, draft)
+        draft_pool.remember_draft_pool(allocator, draft)
         return _InitializedPools(
             req_to_token_pool=kwargs["req_to_token_pool"],  # the target's, as SGLang shares it
             token_to_kv_pool=draft,
@@ -76,7 +76,8 @@ def around_init_pools(original: Callable[..., Any], configurator: Any, **kwargs:
         )
     if not _wanted(configurator, kwargs.get("req_to_token_pool")):
         built = original(configurator, **kwargs)
-        draft_pool.remember_draft_pool(configurator, allocator, built.token_to_kv_pool)
+        if configurator.is_draft_worker:
+            draft_pool.remember_draft_pool(allocator, built.token_to_kv_pool)
         return built
 
     from jenga_sglang.binding.cache.tp_consensus import check_pool_agreed
