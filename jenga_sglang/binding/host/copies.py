@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from jenga_sglang.binding.host.memory import HostSlotMemory
-from jenga_sglang.binding.pools.draft import draft_kv_buffers
+from jenga_sglang.binding.pools.draft import remembered_draft_pool
 from jenga_sglang.binding.slots.ids import page_ids
 from jenga_sglang.binding.slots.kv_events import HitSpanEvents
 from jenga_sglang.radix.host import HostCopies
@@ -118,19 +118,27 @@ def kv_buffers(
     kvcache: Any, kv_type: PageType, window_type: PageType | None
 ) -> dict[PageType, list[torch.Tensor]]:
     """The K and V buffers of each KV page type: the full-attention pool's (a hybrid model's
-    `full_kv_pool`, and a draft model's KV at the same slots: `draft_kv_buffers`), and with
-    `window_type` the sliding-window pool's (`swa_kv_pool`)."""
-    pools = {kv_type: getattr(kvcache, "full_kv_pool", kvcache)}
+    `full_kv_pool`), a draft model's KV pool beside it (indexed by the same token slots), and
+    with `window_type` the sliding-window pool's (`swa_kv_pool`)."""
+    target = getattr(kvcache, "full_kv_pool", kvcache)
+    draft = remembered_draft_pool(kvcache)
+    pools = [(kv_type, target)] + ([] if draft is None else [(kv_type, draft)])
     if window_type is not None:
-        pools[window_type] = kvcache.swa_kv_pool
-    for pool in pools.values():
+        pools.append((window_type, kvcache.swa_kv_pool))
+    buffers: dict[PageType, list[torch.Tensor]] = {}
+    for page_type, pool in pools:
         if not hasattr(pool, "k_buffer") or not hasattr(pool, "v_buffer"):
             raise NotImplementedError(
                 f"--jenga-host-gb: the KV pool {type(pool).__name__} has no per-layer K and V "
                 "buffers to copy (MLA and other layouts are not served by the host tier)"
             )
-    buffers = {t: [*pool.k_buffer, *pool.v_buffer] for t, pool in pools.items()}
-    buffers[kv_type] += draft_kv_buffers(kvcache)  # a draft model's KV of the same slots
+        buffers.setdefault(page_type, []).extend([*pool.k_buffer, *pool.v_buffer])
+    slots = len(target.k_buffer[0])
+    if draft is not None and any(len(b) != slots for b in draft.k_buffer):
+        raise NotImplementedError(
+            f"--jenga-host-gb: the draft model's KV pool {type(draft).__name__} is not over the "
+            f"target's {slots} token slots, so its rows cannot move with the target's"
+        )
     return buffers
 
 

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 # The draft worker's KV pool as built (ours over the target's rows, or SGLang's own with
 # --no-jenga-pool), by the target's KV pool it shares slots with: the draft worker is built
-# before the tree, whose host tier copies both (`draft_kv_buffers`).
+# before the tree, whose host tier copies both (`remembered_draft_pool`).
 _DRAFT_POOLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -136,20 +136,8 @@ def remember_draft_pool(allocator: Any, pool: Any) -> None:
         _DRAFT_POOLS[allocator.get_kvcache()] = pool
 
 
-def draft_kv_buffers(kvcache: Any) -> list[Any]:
-    """The K and V buffers of the draft model's KV at the target's token slots, beside the
-    target's KV pool `kvcache` (none without a draft model): the draft worker's pool, over the
-    Jenga pool's rows or SGLang's own. Raises NotImplementedError for a draft pool whose rows
-    are not the target's slots."""
+def remembered_draft_pool(kvcache: Any) -> Any | None:
+    """The draft worker's KV pool beside the target's KV pool `kvcache` (over the Jenga pool's
+    rows or SGLang's own; a hybrid pool's full-attention part), None without a draft model."""
     pool = _DRAFT_POOLS.get(kvcache)
-    if pool is None:
-        return []
-    pool = getattr(pool, "full_kv_pool", pool)
-    target = getattr(kvcache, "full_kv_pool", kvcache)
-    slots = len(target.k_buffer[0])
-    if not hasattr(pool, "k_buffer") or any(len(b) != slots for b in pool.k_buffer):
-        raise NotImplementedError(
-            f"--jenga-host-gb: the draft model's KV pool {type(pool).__name__} has no per-layer "
-            f"K and V buffers over the target's {slots} token slots to copy with the target's"
-        )
-    return [*pool.k_buffer, *pool.v_buffer]
+    return None if pool is None else getattr(pool, "full_kv_pool", pool)
