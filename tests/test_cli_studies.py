@@ -99,6 +99,41 @@ def test_sessions_study_compares_hits_and_ttft_on_the_same_turns() -> None:
     }
 
 
+def test_scale_dp_compares_runs_on_the_requests_both_served() -> None:
+    """Each later run against the first over the requests both served with equal prompts
+    (the router's client sends whichever session is ready, so the sets differ), and replies
+    compared per router policy on the requests every variant sent."""
+    from jenga_sglang.bench.studies.scale_dp import common_requests, identical_replies
+    from jenga_sglang.bench.studies.sessions_cpu import Turn
+
+    def run(variant: str, turns: dict[str, Turn]) -> dict[str, Any]:
+        return {"variant": variant, "policy": "cache_aware", "chat": {"turns": turns}}
+
+    stock = run("stock", {"0/0": Turn("a", 100, 0, 2.0), "0/1": Turn("b", 300, 100, 4.0)})
+    jenga = run(
+        "jenga",
+        {
+            "0/0": Turn("a", 100, 0, 1.0),
+            "0/1": Turn("c", 300, 200, 1.0),  # another reply, the same prompt length
+            "1/0": Turn("d", 80, 0, 9.0),  # sent by this run only
+        },
+    )
+    common = common_requests([stock, jenga], ["chat"])
+    assert common == {
+        "chat": {
+            "jenga-cache_aware": {
+                "turns": 2,
+                "first_cached_ratio": 100 / 400,
+                "first_mean_ttft_s": 3.0,
+                "this_cached_ratio": 200 / 400,
+                "this_mean_ttft_s": 1.0,
+            }
+        }
+    }
+    assert common_requests([stock], ["chat"]) == {}
+    assert identical_replies([stock, jenga], ["chat"]) == {"cache_aware/chat": [2, 1]}
+
+
 def test_sessions_study_reports_each_servers_replies_against_the_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,6 +281,45 @@ def test_flush_cache_retries_while_sglang_says_busy() -> None:
         answers.extend([400, 400])
         with pytest.raises(RuntimeError, match="HTTP 400"):
             faults.flush_cache(url, timeout_s=5, tries=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_the_router_is_ready_once_every_worker_is() -> None:
+    """smg answers as soon as its first worker is registered; a run's first requests would
+    then all go to that one. LocalRouter waits for every worker listed healthy and ready (a
+    loopback server answers /workers as smg 1.13 does, with one worker, then two)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from jenga_sglang.bench.drivers.router import LocalRouter
+
+    listed: list[dict[str, Any]] = [{"url": "grpc://a", "is_healthy": True, "status": "ready"}]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"workers": listed}).encode()
+            self.send_response(200 if self.path == "/workers" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        router = LocalRouter(["grpc://a", "grpc://b"], "cache_aware", model="m", log=Path("x"))
+        router.url = f"http://127.0.0.1:{server.server_address[1]}"  # never started
+        assert not router._ready()
+        listed.append({"url": "grpc://b", "is_healthy": False, "status": "pending"})
+        assert not router._ready()
+        listed[1].update(is_healthy=True, status="ready")
+        assert router._ready()
     finally:
         server.shutdown()
         server.server_close()

@@ -7,7 +7,7 @@
 The router runs in its own process group (stopped with it, by its PID), with debug logging:
 its event-driven cache-aware policy logs, per request, how many of the request's blocks it
 found in the chosen worker's index (`predicted_hits` reads them back). Every wait is bounded; a
-router that exits or never lists a model raises `ServerError` with its log's tail.
+router that exits or never lists every worker as healthy raises `ServerError` with its log's tail.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class LocalRouter(LoopbackProcess):
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.worker_count = len(workers)
         argv = [
             sys.executable, "-m", "smg.launch_router",
             "--host", "127.0.0.1", "--port", str(self.port),
@@ -57,8 +58,12 @@ class LocalRouter(LoopbackProcess):
         super().__init__(argv, log=log, ready_timeout_s=ready_timeout_s, env={"NO_COLOR": "1"})
 
     def _ready(self) -> bool:
+        """Every worker registered and healthy: smg answers once its first worker is, and
+        requests sent then all go to that one (a run's first turns batched on one replica)."""
         try:
-            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=5) as reply:
-                return bool(json.loads(reply.read()).get("data"))
+            with urllib.request.urlopen(f"{self.url}/workers", timeout=5) as reply:
+                listed = json.loads(reply.read()).get("workers") or []
         except (urllib.error.URLError, OSError, ValueError):
             return False
+        ready = [w for w in listed if w.get("is_healthy") and w.get("status") == "ready"]
+        return len(ready) >= self.worker_count

@@ -23,7 +23,11 @@ the caches under memory pressure, where the variants differ on multi-turn loads)
 Reported per run: requests, errors, prompt and cached tokens (the workers' usage reports),
 mean TTFT, and for `cache_aware` the router's predicted hit tokens for the same requests (its
 debug log, matched by request id), their sum against the workers' and the share of requests
-predicted exactly. Workers are restarted for every run so that no cache carries over.
+predicted exactly. The client sends whichever session's next turn is ready, so runs may serve
+different requests: `common_requests` compares each later run with the first over the turns
+both served with equal prompts. Workers are restarted for every run so that no cache carries
+over. Variants: `stock`, `jenga` (`--enable-jenga`) and `jenga-no-pool` (our tree over
+SGLang's own pools, `--no-jenga-pool`).
 """
 
 from __future__ import annotations
@@ -45,9 +49,14 @@ from typing import Any
 from jenga_sglang.bench.drivers.router import POLICIES, LocalRouter
 from jenga_sglang.bench.drivers.server import LocalServer, free_port
 from jenga_sglang.bench.studies.online import run_online
+from jenga_sglang.bench.studies.sessions_cpu import Turn, on_common_turns
 from jenga_sglang.bench.traces.turns import OnlineConfig
 
-VARIANT_FLAGS: dict[str, tuple[str, ...]] = {"stock": (), "jenga": ("--enable-jenga",)}
+VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
+    "stock": (),
+    "jenga": ("--enable-jenga",),
+    "jenga-no-pool": ("--enable-jenga", "--no-jenga-pool"),  # our tree over SGLang's pools
+}
 READY = "The server is fired up and ready to roll!"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ROUTED = re.compile(r'request_id="([^"]+)".*Event-driven routing.*overlap_blocks=(\d+)')
@@ -177,8 +186,10 @@ def run_one(
             words = 200 if load == "system" else config.max_user_words  # the whole prompt
             summary = run_online(str(trace), replace(config, url=router.url, max_user_words=words))
             result[load] = _brief(summary)
-            result[load]["replies"] = {
-                f"{r['session_id']}/{r['turn_index']}": r["text"]
+            result[load]["turns"] = {
+                f"{r['session_id']}/{r['turn_index']}": Turn(
+                    r["text"], r["prompt_tokens"], r["cached_tokens"], r["ttft_s"] or 0.0
+                )
                 for r in summary["records"]
                 if not r.get("error")
             }
@@ -190,9 +201,28 @@ def run_one(
 
 def _without_replies(result: dict[str, Any]) -> dict[str, Any]:
     return {
-        k: {kk: vv for kk, vv in v.items() if kk != "replies"} if isinstance(v, dict) else v
+        k: {kk: vv for kk, vv in v.items() if kk != "turns"} if isinstance(v, dict) else v
         for k, v in result.items()
     }
+
+
+def common_requests(results: list[dict[str, Any]], loads: list[str]) -> dict[str, Any]:
+    """Per workload, each later run against the first over the requests both served with
+    equal prompts (sessions_cpu's `on_common_turns`): a run's totals cover the requests its
+    own timing let in, these are like for like."""
+    if len(results) < 2:
+        return {}
+    first, *others = results
+    return {
+        load: {
+            _name(run): on_common_turns(first[load]["turns"], run[load]["turns"]) for run in others
+        }
+        for load in loads
+    }
+
+
+def _name(run: dict[str, Any]) -> str:
+    return f"{run['variant']}-{run['policy']}"
 
 
 def identical_replies(results: list[dict[str, Any]], loads: list[str]) -> dict[str, list[int]]:
@@ -204,9 +234,9 @@ def identical_replies(results: list[dict[str, Any]], loads: list[str]) -> dict[s
         for load in loads:
             if len(runs) < 2:
                 continue
-            first, *others = (r[load]["replies"] for r in runs)
+            first, *others = (r[load]["turns"] for r in runs)
             common = set(first).intersection(*others)
-            equal = sum(all(o[k] == first[k] for o in others) for k in common)
+            equal = sum(all(o[k].text == first[k].text for o in others) for k in common)
             out[f"{policy}/{load}"] = [len(common), equal]
     return out
 
@@ -247,9 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             print(json.dumps(_without_replies(results[-1])), flush=True)
-    same = identical_replies(results, list(traces))
-    (out / "summary.json").write_text(json.dumps({"runs": results, "identical": same}, indent=1))
+    same, common = identical_replies(results, list(traces)), common_requests(results, list(traces))
+    summary = {"runs": results, "identical": same, "common_requests": common}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({"identical_replies": same}))
+    print(json.dumps({"common_requests": common}))
     print(json.dumps({"wall_s": round(time.monotonic() - start, 1)}))
     return 1 if any(r[w]["errors"] for r in results for w in traces) else 0
 
