@@ -168,10 +168,12 @@ def run_one(
     logs = [out / f"{name}-w{core}.log" for core in (0, 1)]
     workers = [_worker(model, variant, core, log, server_flags) for core, log in enumerate(logs)]
     with ExitStack() as stack:
-        with ThreadPoolExecutor(2) as pool:  # both start at once
-            starts = [pool.submit(w.__enter__) for w in workers]
+        # Stops registered before the starts: a SIGTERM while the workers start (in threads,
+        # both at once) stops them too, and a start in flight then ends on its own.
         for worker in workers:
-            stack.callback(worker.stop)  # also the one that started when the other did not
+            stack.callback(worker.stop)
+        with ThreadPoolExecutor(2) as pool:
+            starts = [pool.submit(w.__enter__) for w in workers]
         for start in starts:
             start.result()
         urls = [f"grpc://127.0.0.1:{w.port}" for w in workers]
