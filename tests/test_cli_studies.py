@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -249,13 +253,25 @@ def test_metric_samples_sum_over_ranks_and_select_one_label() -> None:
     assert sum_samples(text, names) == {"host": 12.0, "all": 99.0, "ours": 3.0, "absent": 0.0}
 
 
+@contextmanager
+def _loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on a free loopback port answering with `handler`; yields its URL and is
+    shut down, its thread joined (bounded), on the way out."""
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
 def test_flush_cache_retries_while_sglang_says_busy() -> None:
     """SGLang answers /flush_cache with 400 while a request is still in its batch, which can
     outlast the request's reply by a step: the client retries a 400, a bounded number of
     times, and raises on anything else. A loopback server answers 400 twice, then 200."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
     from jenga_sglang.bench.drivers import faults
 
     answers = [400, 400, 200, 500]
@@ -269,11 +285,7 @@ def test_flush_cache_retries_while_sglang_says_busy() -> None:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _loopback(Handler) as url:
         faults.flush_cache(url, timeout_s=5)
         assert answers == [500]  # three posts: two refused, the third flushed
         with pytest.raises(RuntimeError, match="HTTP 500"):
@@ -281,20 +293,12 @@ def test_flush_cache_retries_while_sglang_says_busy() -> None:
         answers.extend([400, 400])
         with pytest.raises(RuntimeError, match="HTTP 400"):
             faults.flush_cache(url, timeout_s=5, tries=2)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def test_the_router_is_ready_once_every_worker_is() -> None:
     """smg answers as soon as its first worker is registered; a run's first requests would
     then all go to that one. LocalRouter waits for every worker listed healthy and ready (a
     loopback server answers /workers as smg 1.13 does, with one worker, then two)."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
     from jenga_sglang.bench.drivers.router import LocalRouter
 
     listed: list[dict[str, Any]] = [{"url": "grpc://a", "is_healthy": True, "status": "ready"}]
@@ -309,21 +313,14 @@ def test_the_router_is_ready_once_every_worker_is() -> None:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with _loopback(Handler) as url:
         router = LocalRouter(["grpc://a", "grpc://b"], "cache_aware", model="m", log=Path("x"))
-        router.url = f"http://127.0.0.1:{server.server_address[1]}"  # never started
+        router.url = url  # never started
         assert not router._ready()
         listed.append({"url": "grpc://b", "is_healthy": False, "status": "pending"})
         assert not router._ready()
         listed[1].update(is_healthy=True, status="ready")
         assert router._ready()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def test_pd_cpu_tp_gives_every_server_its_ranks() -> None:
