@@ -56,6 +56,8 @@ MODULES: tuple[str, ...] = (
     "jenga_sglang.radix.lease",
     "jenga_sglang.radix.commit",
     "jenga_sglang.radix.cache",
+    "jenga_sglang.radix.host_copy",
+    "jenga_sglang.radix.host_demote",
     "jenga_sglang.radix.host_load",
     "jenga_sglang.radix.host",
     "jenga_sglang.policies.ghost",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jenga_sglang.radix.host_copy import merge as merge_copies
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import PageType
 from jenga_sglang.radix.spaces import forget_if_empty
@@ -114,6 +115,8 @@ def drop_state(tree: RadixTree, node: Node) -> None:
 def _merge_into_child(tree: RadixTree, node: Node) -> None:
     assert node.parent is not None
     (child,) = node.children.values()
+    if tree.host is not None:
+        merge_copies(tree.host, node, child)  # radix/host_copy.py
     for slot, ptype in enumerate(tree.kv_types):
         if child.tombstones[slot]:
             # The child's leading pages are gone, so no hit beyond node.end can use the

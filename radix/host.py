@@ -9,12 +9,15 @@ memory (`Node.host`), its checkpoint in `state` (device) or `host_state` (host),
 * T3: `lock_ref` of a host node counts transfers in flight (radix/host_load.py), 0 otherwise;
 * T4: per tier, free + evictable + used == total; every host page of the tree is evictable
   in host memory;
-* T5: the device policy ranks device nodes only, the tier policy's `host` host entries only.
+* T5: the device policy ranks device nodes only, the tier policy's `host` host entries only;
+* T6: a device node's clean copy (radix/host_copy.py) is listed in `clean`, its pages
+  evictable host memory that host eviction frees only when no host entry is left.
 
 `HostTier` holds the host memory and the tier policy (radix/contracts.py `TierPolicy`), moves
-victims down (`evict`, the device evictor's hook), evicts host entries when host memory is
-short (`evict_for`, host memory's evictor) and checks T1-T5 (`check_host`). Loading back is in
-radix/host_load.py.
+victims down (`evict`, the device evictor's hook; the moves are radix/host_demote.py's),
+evicts host entries when host memory is short (`evict_for`, host memory's evictor) and checks
+T1-T6 (`check_host`). Loading back is in radix/host_load.py, what a load-back leaves on host
+in radix/host_copy.py.
 
 The tier decides and counts; the bytes behind a move are `HostCopies`' (the live server's,
 jenga_sglang/binding/host/). The simulator has none: its pages are counts.
@@ -28,11 +31,13 @@ from typing import TYPE_CHECKING
 from mypy_extensions import mypyc_attr
 
 from jenga_sglang.radix.contracts import TierPolicy
+from jenga_sglang.radix.host_copy import check_copies, discard, drop_copied_state, evict_oldest
+from jenga_sglang.radix.host_demote import demote_leaf, demote_state
 from jenga_sglang.radix.host_load import Loaded, host_rules, prepare
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.memory import CacheMemory, Evictor
 from jenga_sglang.radix.node import Node
-from jenga_sglang.radix.pages import OutOfMemory, Pages, PageType
+from jenga_sglang.radix.pages import Pages, PageType
 from jenga_sglang.radix.spaces import forget_if_empty
 from jenga_sglang.radix.tokens import TokenSeq
 
@@ -54,6 +59,11 @@ class HostCopies(ABC):
     @abstractmethod
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
         """Copy host pages into the device pages allocated for them (a load-back)."""
+
+    @abstractmethod
+    def kept(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        """A demotion whose bytes the host pages still hold since the node's load-back
+        (radix/host_copy.py): nothing to copy, the device pages go next."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
@@ -81,6 +91,8 @@ class HostTier(Evictor):
         self.dropped_nodes = 0  # host nodes evicted from host memory
         self.dropped_states = 0  # host checkpoints evicted from host memory
         self.write_bytes = 0  # device -> host, cumulative
+        self.kept_bytes = 0  # demoted without a write: a clean copy held them (host_copy.py)
+        self.clean: dict[Node, None] = {}  # device nodes with a clean copy, oldest first
         self.load_bytes = 0  # host -> device, cumulative
         # of which: the parts of nodes moved whole past where a request left them
         # (radix/host_load.py), which a live tier would leave on host
@@ -105,72 +117,19 @@ class HostTier(Evictor):
         memory takes it (True); else prepare it to be dropped (its host descendants and host
         checkpoint go with a leaf) and return False."""
         if victim.children:  # an inner node: only its checkpoint is evicted
-            return self.policy.demotes(victim, True) and self._demote_state(victim)
-        if self.policy.demotes(victim, False) and self._demote_leaf(victim):
+            if self.policy.demotes(victim, True) and demote_state(self, victim):
+                return True
+            drop_copied_state(self, victim)  # its checkpoint goes (a merge: its copy too)
+            return False
+        if self.policy.demotes(victim, False) and demote_leaf(self, victim):
             return True
         self.drop_below(victim)
         return False
 
-    def _demote_state(self, node: Node) -> bool:
-        state = node.state
-        state_type = self.tree.state_type
-        assert state is not None and state_type is not None
-        try:
-            copy = self.memory.alloc(state_type, len(state), 0)
-        except OutOfMemory:
-            return False
-        if self.copies is not None:
-            self.copies.store(state_type, state, copy)
-        self.memory.mark_evictable(state_type, copy)
-        self.tree.memory.free_evictable(state_type, state)
-        node.state, node.host_state = None, copy
-        self.write_bytes += self.memory.page_bytes(state_type)
-        self.demoted_states += 1
-        self.tree.policy.update(node)
-        self.policy.host.update(node)
-        return True
-
-    def _demote_leaf(self, node: Node) -> bool:
-        """Move an unlocked device leaf (a run: its last segment) whole into host memory."""
-        tree = self.tree
-        if node.inner:  # a run: the chain's leaf is [last inner checkpoint, end)
-            tree.split(node, node.inner[-1][0] - node.start)
-        moves: list[tuple[PageType, Pages]] = [
-            (ptype, node.kv[slot]) for slot, ptype in enumerate(tree.kv_types)
-        ]
-        if node.state is not None:
-            assert tree.state_type is not None
-            moves.append((tree.state_type, node.state))
-        targets = self.memory.try_alloc_all([(ptype, len(pages)) for ptype, pages in moves], 0)
-        if targets is None:
-            return False
-        for (ptype, pages), copy in zip(moves, targets, strict=True):
-            if len(pages):
-                if self.copies is not None:
-                    self.copies.store(ptype, pages, copy)
-                tree.memory.free_evictable(ptype, pages)
-                self.memory.mark_evictable(ptype, copy)
-            self.write_bytes += len(pages) * self.memory.page_bytes(ptype)
-        for slot in range(len(tree.kv_types)):
-            node.kv[slot] = targets[slot]
-        if node.state is not None:
-            node.state, node.host_state = None, targets[-1]
-        parent = node.parent
-        assert parent is not None
-        head = node.key.head(0, tree.page)
-        del parent.children[head]
-        parent.host_children[head] = node
-        node.host = True
-        self.demoted_nodes += 1
-        tree.policy.remove(node)
-        if parent is not tree.root:
-            tree.policy.update(parent)
-        self.policy.host.update(node)
-        return True
-
     def drop_below(self, node: Node) -> None:
-        """Free what `node` has in host memory: its host checkpoint and every host node below
-        it (their prefix is about to go from the device)."""
+        """Free what `node` has in host memory: its clean copy, its host checkpoint and every
+        host node below it (their prefix is about to go from the device)."""
+        discard(self, node)
         if node.host_state is not None:
             self.drop_host_state(node)
         for child in list(node.host_children.values()):
@@ -227,9 +186,11 @@ class HostTier(Evictor):
 
     def evict_for(self, ptype: PageType) -> bool:
         """Host memory's evictor: evict the host policy's next victim (a host leaf whole, or
-        a host checkpoint). Host nodes are not merged afterwards: they stay valid as they are.
-        """
+        a host checkpoint), or with none left the oldest clean copy (radix/host_copy.py).
+        Host nodes are not merged afterwards: they stay valid as they are."""
         victim = self.policy.host.victim()
+        if victim is None:
+            return evict_oldest(self)
         if victim is None:
             return False
         if victim.host and not victim.host_children:
@@ -256,10 +217,15 @@ class HostTier(Evictor):
         return out
 
     def check_host(self) -> None:
-        """Assert T1-T4 (module docstring) over the whole tree and host memory."""
+        """Assert T1-T4 and T6 (module docstring) over the whole tree and host memory."""
         tree = self.tree
         held = dict.fromkeys(self.memory.page_types, 0)
-        for node in [tree.root, *tree.nodes()]:  # device nodes: T1, T2
+        device = [tree.root, *tree.nodes()]
+        for pages, slot in check_copies(self, device):  # T6
+            ptype = tree.kv_types[slot] if slot >= 0 else tree.state_type
+            assert ptype is not None
+            held[ptype] += len(pages)
+        for node in device:  # device nodes: T1, T2
             assert not node.host, f"{node!r} is in `children` but on the host"
             assert node.state is None or node.host_state is None, f"{node!r}: two checkpoints"
             if node.host_state is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from jenga_sglang.radix.host_copy import keep
 from jenga_sglang.radix.match import MatchResult, Walk
 from jenga_sglang.radix.node import Node
 from jenga_sglang.radix.pages import Pages
@@ -201,12 +202,12 @@ def _move_down(host: HostTier, nodes: list[Node], runs: list[Pages]) -> None:
     it moves to its parent's `children` (T1 holds after each: its parent is on the device)."""
     tree = host.tree
     for node in nodes:
+        kept = list(node.kv)  # left in host memory, a clean copy (radix/host_copy.py)
         for slot, ptype in enumerate(tree.kv_types):
             own, runs[slot] = runs[slot].split(len(node.kv[slot]))
             if len(node.kv[slot]):
                 if host.copies is not None:
                     host.copies.load(ptype, node.kv[slot], own)
-                host.memory.free_evictable(ptype, node.kv[slot])
                 tree.memory.mark_evictable(ptype, own)
             node.kv[slot] = own
         parent = node.parent
@@ -215,6 +216,7 @@ def _move_down(host: HostTier, nodes: list[Node], runs: list[Pages]) -> None:
         del parent.host_children[head]
         parent.children[head] = node
         node.host = False
+        keep(host, node, kept, None)
         host.policy.host.update(node)  # a host checkpoint it keeps stays a host entry
         tree.policy.update(node)
         if parent is not tree.root:
@@ -227,7 +229,7 @@ def _load_state(host: HostTier, node: Node, page: Pages) -> None:
     assert state_type is not None and node.host_state is not None
     if host.copies is not None:
         host.copies.load(state_type, node.host_state, page)
-    host.memory.free_evictable(state_type, node.host_state)
+    keep(host, node, None, node.host_state)
     node.host_state, node.state = None, page
     if node.lock_ref == 0:
         tree.memory.mark_evictable(state_type, page)

@@ -24,7 +24,9 @@ whole path to the root), so a node with lock_ref > 0 and all its ancestors are n
 With a host tier (radix/host.py, docs/host-tier.md) a node's KV may live in host memory
 (`host`); such nodes hang in their parent's `host_children`, never in `children`, so the device
 part of the tree, all the eviction policies see, is closed upwards. A checkpoint is in `state`
-(device) or `host_state` (host), never both. Without a tier these stay False, empty and None.
+(device) or `host_state` (host), never both. A device node loaded back from host may keep the
+host pages it came from (`host_copy`, radix/host_copy.py), so demoting it again writes nothing.
+Without a tier these stay False, empty and None.
 """
 
 from __future__ import annotations
@@ -38,6 +40,21 @@ from jenga_sglang.radix.tokens import TokenSeq
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
+class CleanCopy:
+    """Host pages still holding a device node's bytes since its load-back (radix/host_copy.py):
+    per attention group the pages of the positions just before `kv_end` (the node's end when
+    kept; an empty list: no KV copy), and the checkpoint at `state_at`."""
+
+    __slots__ = ("kv", "kv_end", "state", "state_at")
+
+    def __init__(self, kv: list[Pages], kv_end: int, state: Pages | None, state_at: int) -> None:
+        self.kv = kv
+        self.kv_end = kv_end
+        self.state = state
+        self.state_at = state_at
+
+
+@mypyc_attr(allow_interpreted_subclasses=True, serializable=True)
 class Node:
     __slots__ = (
         "children",
@@ -45,6 +62,7 @@ class Node:
         "hit_count",
         "host",
         "host_children",
+        "host_copy",
         "host_state",
         "id",
         "inner",
@@ -89,6 +107,7 @@ class Node:
         self.host = False
         self.host_children: dict[bytes, Node] = {}
         self.host_state: Pages | None = None
+        self.host_copy: CleanCopy | None = None  # a device node's clean host copy
 
     def set_tombstone(self, slot: int, count: int) -> None:
         """Group `slot` has dropped its leading `count` tokens' pages (tombstones are a tuple)."""

@@ -28,7 +28,7 @@ Invariants (checked by `check_integrity`, in integrity.py):
   pages, and the memory itself satisfies free + evictable + used == total.
 
 With a host-memory tier (radix/host.py) these hold for the device nodes (`children`); the host
-nodes (`host_children`) and host memory obey the tier's T1-T5, checked there.
+nodes (`host_children`) and host memory obey the tier's T1-T6, checked there.
 
 Runs (node.py): when the eviction policy ranks a chain of nodes inserted together as one node
 (`EvictionPolicy.evicts_runs`: LRU), a new leaf's checkpoints become its `inner` checkpoints
@@ -53,6 +53,7 @@ from mypy_extensions import mypyc_attr
 from jenga_sglang.models.spec import AttentionGroup, ModelSpec
 from jenga_sglang.radix.contracts import EvictionPolicy
 from jenga_sglang.radix.evict import drop_state, evict_for, evict_leaf
+from jenga_sglang.radix.host_copy import split as split_copy
 from jenga_sglang.radix.insert import chain_below, insert
 from jenga_sglang.radix.integrity import check_tree
 from jenga_sglang.radix.match import MatchResult, Walk
@@ -302,6 +303,9 @@ class RadixTree(Evictor):
         node.start = upper.end
         below = upper.host_children if node.host else upper.children
         below[node.key.head(0, self.page)] = node
+        if node.host_copy is not None:  # a device node's clean copy splits with it
+            assert self.host is not None
+            split_copy(self.host, upper, node)
         policy = self.policy
         if node.host:
             assert self.host is not None

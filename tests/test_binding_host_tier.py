@@ -103,6 +103,46 @@ def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
     s.slots_balance()
 
 
+def test_a_second_demotion_onto_the_clean_copy_stores_less_and_loads_the_same_bytes(
+    sg: Any,
+) -> None:
+    """The turn loaded back keeps its host ids (radix/host_copy.py). Pushed out again, the
+    tier demotes onto them: what the copy holds is not stored again, the turn's new tokens
+    are, so the node's pages lie in two host blocks, and the next load reads both."""
+    s = tiered(sg)
+    host = s.cache.host
+    assert host is not None
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    turn = tokens(0, 100) + tokens(3, 6) + tokens(5, 12)
+    req = s.admit(turn, 4)
+    assert int(req.prefix_len) >= 100 and s.cache.host_hit_tokens > 0
+    assert host.clean, "the load left its host pages as a clean copy"
+    s.prefill(req, 7)
+    s.decode_and_finish(req, turn, [7, 8, 9, 10])
+    s.cache.sanity_check()
+    copies = host.copies
+    assert isinstance(copies, SglangHostCopies)
+    stored, kept = copies.stored_bytes, host.kept_bytes
+    fill_with_others(s, 8)  # the turn's nodes go down again
+    s.cache.sanity_check()
+    assert host.kept_bytes > kept, "demoted onto the copy: bytes not copied again"
+    assert s.cache.snapshot().host_kept_bytes == host.kept_bytes
+    history = [*turn, 7, 8, 9, 10]
+    again = s.admit(history + tokens(9, 3), 4)
+    hit = int(again.prefix_len)
+    assert hit >= len(turn), "the hit reaches the turn's prompt end, past the first load"
+    src = again.kv.mamba_cow_src_index
+    assert src is not None and s.read(int(src[0])) == expected(sg, history[:hit])
+    assert s.kv_at(again, hit) == [float(t) for t in history[:hit]]
+    assert copies.stored_bytes > stored, "the turn's new tokens were stored"
+    s.prefill(again, 7)
+    s.decode_and_finish(again, history + tokens(9, 3), [7, 8])
+    s.cache.sanity_check()
+    s.slots_balance()
+
+
 @pytest.mark.parametrize("leaves", ["aborted in prefill", "retracted in decode"])
 def test_a_request_that_leaves_after_its_load_gives_everything_back(sg: Any, leaves: str) -> None:
     """A turn whose hit came back from host memory is aborted once its prefill is scheduled,
@@ -258,8 +298,17 @@ def test_host_memory_reuses_ids_and_frees_bytes_with_their_last_id() -> None:
     memory.put(kv, pages, ["rows"])
     memory.mark_evictable(kv, pages)
     head, tail = pages.split(1)
-    data, rows = memory.rows(kv, tail)
-    assert data == ["rows"] and rows.tolist() == [1, 2, 3]
+    ((data, rows, where),) = memory.runs(kv, tail)
+    assert data == ["rows"] and rows.tolist() == [1, 2, 3] and where.tolist() == [0, 1, 2]
+    other = memory.alloc(kv, 2, 0)  # a second block: a node demoted onto a clean copy
+    memory.put(kv, other, ["other"])
+    memory.mark_evictable(kv, other)
+    runs = memory.runs(kv, other.concat(tail))
+    assert [(d, r.tolist(), w.tolist()) for d, r, w in sorted(runs, key=lambda x: x[0])] == [
+        (["other"], [0, 1], [0, 1]),
+        (["rows"], [1, 2, 3], [2, 3, 4]),
+    ]
+    memory.free_evictable(kv, other)
     memory.free_evictable(kv, head)
     memory.check_integrity()
     memory.free_evictable(kv, tail)
@@ -274,7 +323,7 @@ def test_host_memory_reuses_ids_and_frees_bytes_with_their_last_id() -> None:
     assert copy.detached and copy.held(kv) == 2
     copy.check_integrity()
     with pytest.raises(RuntimeError, match="detached"):
-        copy.rows(kv, again)
+        copy.runs(kv, again)
 
 
 def test_a_pickled_cache_replays_the_tier_without_bytes(sg: Any) -> None:

@@ -363,6 +363,9 @@ class Recorded(HostCopies):
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
         self.moves.append(("load", str(ptype), len(host), len(device)))
 
+    def kept(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        self.moves.append(("kept", str(ptype), len(device), len(host)))
+
 
 def test_copies_see_every_move_with_equal_sides() -> None:
     spec = hybrid_spec()

@@ -1,5 +1,5 @@
 """Property tests of the host tier: random request streams over small device and host budgets
-keep every invariant of both tiers (radix/host.py T1-T5 and the tree's own), and a drained
+keep every invariant of both tiers (radix/host.py T1-T6 and the tree's own), and a drained
 cache gives every byte back.
 
 Requests draw tokens from a small alphabet, so prefixes collide, nodes split, states move down

@@ -68,6 +68,8 @@ def host_fields(host: HostTier) -> dict[str, int]:
         "host_demoted_states": host.demoted_states,
         "host_dropped_nodes": host.dropped_nodes,
         "host_dropped_states": host.dropped_states,
+        # demoted onto a clean copy a load-back left (radix/host_copy.py): not written again
+        "host_kept_bytes": host.kept_bytes,
         # loaded bytes that a live tier would leave on host (radix/host_load.py)
         "host_load_past_bytes": host.past_bytes,
         "host_peak_bytes": int(getattr(host.memory, "peak_bytes", host.memory.held_bytes())),

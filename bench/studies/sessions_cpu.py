@@ -97,6 +97,7 @@ HOST_COUNTERS = {
             "host_hit_tokens_total",
             "host_stored_bytes_total",
             "host_loaded_bytes_total",
+            "host_kept_bytes_total",
             "host_loads_declined_total",
             "hit_tokens_total",
         )

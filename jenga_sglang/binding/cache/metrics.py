@@ -32,6 +32,8 @@ so `/metrics` lists them beside SGLang's `sglang:` cache series:
                                         (--jenga-host-gb; binding/host/)
     jenga:host_stored_bytes_total       bytes the tier copied device -> host (demotions)
     jenga:host_loaded_bytes_total       bytes it copied host -> device (load-backs)
+    jenga:host_kept_bytes_total         bytes demoted onto a clean host copy, not copied
+                                        again (radix/host_copy.py)
     jenga:host_loads_declined_total     load-backs SGLang asked for that loaded nothing: the
                                         checkpoint would take KV room the admission counted
     jenga:pool_bytes{page_type="host ..."}  bytes the tier holds in host memory per type
@@ -68,6 +70,7 @@ class Snapshot:
     host_hit_tokens: int = 0  # of hit_tokens, loaded from the host tier (binding/host/)
     host_stored_bytes: int = 0
     host_loaded_bytes: int = 0
+    host_kept_bytes: int = 0
     host_loads_declined: int = 0
     host_bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # as pool_bytes
 
@@ -149,6 +152,11 @@ def _families() -> dict[str, Any]:
         host_loaded=Counter(
             "jenga:host_loaded_bytes", "Bytes copied host -> device by the host tier", names
         ),
+        host_kept=Counter(
+            "jenga:host_kept_bytes",
+            "Bytes demoted onto a clean host copy left by a load-back: not copied again",
+            names,
+        ),
         host_declined=Counter(
             "jenga:host_loads_declined",
             "Load-backs that loaded nothing: the checkpoint would take KV room the admission "
@@ -188,6 +196,7 @@ class JengaMetrics:
             ("host_hit", now.host_hit_tokens, last.host_hit_tokens),
             ("host_stored", now.host_stored_bytes, last.host_stored_bytes),
             ("host_loaded", now.host_loaded_bytes, last.host_loaded_bytes),
+            ("host_kept", now.host_kept_bytes, last.host_kept_bytes),
             ("host_declined", now.host_loads_declined, last.host_loads_declined),
         ):
             if new > old:

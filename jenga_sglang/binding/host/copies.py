@@ -4,7 +4,8 @@ KV: per attention group, its pool's per-layer K and V buffers (`k_buffer`, `v_bu
 `MHATokenToKVPool`, or the Jenga pool's views of it), indexed by token slot: the full-attention
 pool for the full group, and for a sliding-window model (`SWAKVPool`) the window pool for the
 window group, by SWA slot; a host block keeps one tensor per buffer with a row per token, so a
-split host node loads any run of its rows. States: SGLang's `MambaPool.get_cpu_copy` /
+split host node loads any run of its rows, and a node whose pages lie in several blocks loads
+block by block. States: SGLang's `MambaPool.get_cpu_copy` /
 `load_cpu_copy` (the offload pair its retraction uses), on physical slot ids
 (`translate_mamba_indices`); with `--enable-int8-mamba-checkpoint` the tree's states are slots
 of SGLang's `MambaCheckpointPool`, whose tensors (the quantized temporal state, its scales, the
@@ -16,8 +17,12 @@ Synchronous: a demotion copies on the scheduler thread before the device slots a
 a load-back before the request's match returns. On a GPU that puts both on the critical path;
 SGLang's HiCache overlaps them (a write stream, layer-by-layer loads): docs/host-tier.md.
 
+A load-back leaves the host ids holding their bytes (a clean copy, radix/host_copy.py): a later
+demotion of the same pages copies nothing (`kept`).
+
 With KV events on (`events`), each move tells the recorder which slot became which host id and
-back, so a router keeps the span while its pages are on host (binding/slots/kv_events.py).
+back, so a router keeps the span while its pages are on host (binding/slots/kv_events.py); a
+demotion onto a clean copy moves the spans back to those ids the same way.
 
 A pickled copy (the alpha tuner's replay) becomes `DetachedCopies`: it moves no bytes.
 """
@@ -44,6 +49,9 @@ class DetachedCopies(HostCopies):
         pass
 
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
+        pass
+
+    def kept(self, ptype: PageType, device: Pages, host: Pages) -> None:
         pass
 
 
@@ -87,18 +95,25 @@ class SglangHostCopies(HostCopies):
         if self.events is not None:
             self.events.demoted(ptype, page_ids(device), page_ids(host))  # ids: no list copy
 
+    def kept(self, ptype: PageType, device: Pages, host: Pages) -> None:
+        # the host ids still hold the bytes (radix/host_copy.py): only the spans move there
+        if self.events is not None:
+            self.events.demoted(ptype, page_ids(device), page_ids(host))
+
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
         if self.events is not None:
             self.events.loaded_back(ptype, page_ids(host), page_ids(device))
-        data, rows = self.memory.rows(ptype, host)
         index = self._index(device)
+        runs = self.memory.runs(ptype, host)
         if ptype.kind is PageKind.KV:
-            picked = torch.from_numpy(rows)
-            for buffer, saved in zip(self._buffers[ptype], data, strict=True):
-                rows_of = saved[picked]
-                buffer[index] = rows_of.to(self._device)
-                self.loaded_bytes += rows_of.numel() * rows_of.element_size()
+            for data, rows, where in runs:  # one per block the pages lie in
+                picked, at = torch.from_numpy(rows), index[torch.from_numpy(where)]
+                for buffer, saved in zip(self._buffers[ptype], data, strict=True):
+                    rows_of = saved[picked]
+                    buffer[at] = rows_of.to(self._device)
+                    self.loaded_bytes += rows_of.numel() * rows_of.element_size()
             return
+        ((data, _, _),) = runs  # a checkpoint: one page
         if self._checkpoints:
             for tensor, saved in zip(self._checkpoints, data, strict=True):
                 tensor[:, index] = saved.to(tensor.device)

@@ -9,8 +9,9 @@ at once, not the ids ever handed out.
 Bytes are kept per move: the KV of one attention group of one demoted node is one `Block`, a
 list of host tensors with a row per token; a checkpoint is a block whose data is what SGLang's
 Mamba pool gives (`get_cpu_copy`). An id names its block and row. A block's tensors go when its
-last id is freed. Host nodes are never merged, and a split one keeps its rows in the block, so
-the pages of one node always lie in one block (`rows` checks it).
+last id is freed. A split host node keeps its rows in the block; a node demoted onto a clean
+copy (radix/host_copy.py) holds the copy's rows and the blocks written for what the copy
+lacked, so a node's KV pages may lie in several blocks (`runs` groups them by block).
 
 A pickled copy (the alpha tuner's replay) keeps the ids and drops the bytes (`detached`).
 With KV events on, freed ids are reported to the recorder (`events`, binding/slots/kv_events.py):
@@ -117,16 +118,21 @@ class HostSlotMemory(SlotIdMemory):
         self._block_of[ptype][ids] = number
         self._row_of[ptype][ids] = np.arange(len(ids))
 
-    def rows(self, ptype: PageType, pages: Pages) -> tuple[Any, np.ndarray]:
-        """The block holding `pages` (the data `put` gave it) and their rows in it."""
+    def runs(self, ptype: PageType, pages: Pages) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+        """`pages` grouped by the block holding them: each block's data (what `put` gave it),
+        the pages' rows in it, and their positions in `pages`."""
         ids = page_ids(pages)
-        blocks = np.unique(self._block_of[ptype][ids])
-        if len(blocks) != 1 or blocks[0] < 0:
-            raise AssertionError(f"host {ptype}: pages {ids.tolist()} span blocks {blocks}")
-        data = self._blocks[int(blocks[0])].data
-        if data is None:
-            raise RuntimeError("host memory detached from its bytes (a pickled copy)")
-        return data, self._row_of[ptype][ids]
+        blocks = self._block_of[ptype][ids]
+        if len(ids) and blocks.min() < 0:
+            raise AssertionError(f"host {ptype}: pages {ids[blocks < 0].tolist()} hold no bytes")
+        out = []
+        for number in np.unique(blocks):
+            data = self._blocks[int(number)].data
+            if data is None:
+                raise RuntimeError("host memory detached from its bytes (a pickled copy)")
+            where = np.flatnonzero(blocks == number)
+            out.append((data, self._row_of[ptype][ids[where]], where))
+        return out
 
     # ------------------------------------------------------------------ ids
 

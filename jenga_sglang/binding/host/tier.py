@@ -156,5 +156,6 @@ def host_counters(host: HostTier | None, hit_tokens: int, declined: int) -> dict
         "host_loads_declined": declined,
         "host_stored_bytes": copies.stored_bytes,
         "host_loaded_bytes": copies.loaded_bytes,
+        "host_kept_bytes": host.kept_bytes,
         "host_bytes": held,
     }
