@@ -69,6 +69,15 @@ def tiered(sg: Any, **fields: Any) -> KvSession:
     )
 
 
+def session_pushed_to_host(s: Session) -> list[int]:
+    """Serve a first session's turn (100 prompt tokens, 6 reply tokens), then 8 others, which
+    push it out of the device; its history."""
+    first_in, first_out = tokens(0, 100), tokens(3, 6)
+    s.serve(first_in, first_out)
+    fill_with_others(s, 8)
+    return first_in + first_out
+
+
 def fill_with_others(s: Session, count: int) -> None:
     """Serve `count` unrelated requests (their own token bases): each leaves a state behind."""
     for k in range(count):
@@ -79,10 +88,7 @@ def test_a_demoted_session_turn_is_loaded_back_with_its_bytes(sg: Any) -> None:
     s = tiered(sg)
     host = s.cache.host
     assert host is not None
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    history = first_in + first_out
-    fill_with_others(s, 8)  # six Mamba slots: the first session's state must leave the device
+    history = session_pushed_to_host(s)  # six Mamba slots: the first session's state leaves
     s.cache.sanity_check()
     assert host.demoted_nodes + host.demoted_states > 0
     assert not any(n.state is not None for n in s.cache.cache.tree.nodes() if n.end == 105)
@@ -112,10 +118,7 @@ def test_a_second_demotion_onto_the_clean_copy_stores_less_and_loads_the_same_by
     s = tiered(sg)
     host = s.cache.host
     assert host is not None
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
-    turn = tokens(0, 100) + tokens(3, 6) + tokens(5, 12)
+    turn = session_pushed_to_host(s) + tokens(5, 12)
     req = s.admit(turn, 4)
     assert int(req.prefix_len) >= 100 and s.cache.host_hit_tokens > 0
     assert host.clean, "the load left its host pages as a clean copy"
@@ -150,10 +153,7 @@ def test_a_request_that_leaves_after_its_load_gives_everything_back(sg: Any, lea
     its slots go back, the loaded hit stays in the tree, and the same turn then hits on the
     device with the demoted bytes (the tier's ids and blocks are checked by sanity_check)."""
     s = tiered(sg)
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    history = first_in + first_out
-    fill_with_others(s, 8)
+    history = session_pushed_to_host(s)
     turn = history + tokens(5, 12)
     req = s.admit(turn, 4)
     hit = int(req.prefix_len)
@@ -187,10 +187,7 @@ def test_without_the_flag_the_same_turn_misses(sg: Any) -> None:
     """The baseline of the test above: the same load with no tier recomputes the session."""
     s = KvSession(sg, admission="jenga", prompt_end=True, kv_size=300)
     assert s.cache.host is None
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
-    hit, _ = s.serve(first_in + first_out + tokens(5, 20), [1, 2])
+    hit, _ = s.serve(session_pushed_to_host(s) + tokens(5, 20), [1, 2])
     assert hit == 0
 
 
@@ -220,17 +217,15 @@ def test_a_match_reports_the_host_hit_and_only_admission_loads_it(sg: Any) -> No
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     s = tiered(sg)
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
+    history = session_pushed_to_host(s)
     host = s.cache.host
     assert host is not None
     on_host = len(host.host_nodes())
     probe = s.cache.match_prefix(
-        MatchPrefixParams(key=RadixKey(first_in + first_out), cow_mamba=False, req=None)
+        MatchPrefixParams(key=RadixKey(history), cow_mamba=False, req=None)
     )
     assert probe.device_prefix_len == 0 and len(host.host_nodes()) == on_host
-    turn = first_in + first_out + tokens(5, 12)
+    turn = history + tokens(5, 12)
     req = sg.Req(
         rid="waits", origin_input_text="", origin_input_ids=array("q", turn),
         sampling_params=sg.SamplingParams(temperature=0, max_new_tokens=4),
@@ -272,12 +267,9 @@ def test_a_load_whose_state_does_not_fit_loads_nothing_and_serves_the_device_hit
     (SGLang's all-or-none) and counts a decline; the request is served from its device hit,
     and its slots balance."""
     s = tiered(sg)
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
+    turn = session_pushed_to_host(s) + tokens(5, 12)
     budget = NoRoomForTheState()
     s.cache.admission_budget = budget
-    turn = first_in + first_out + tokens(5, 12)
     req = s.admit(turn, 4)  # SGLang's adder: init_load_back on the admitted request
     assert budget.asked == 1 and req.host_hit_length >= 100 and req.host_loaded_length == 0
     assert int(req.prefix_len) < 100 and s.cache.host_hit_tokens == 0
@@ -474,16 +466,14 @@ def test_flush_cache_drops_device_and_host_and_serving_goes_on(sg: Any) -> None:
     s = tiered(sg)
     host = s.cache.host
     assert host is not None
-    first_in, first_out = tokens(0, 100), tokens(3, 6)
-    s.serve(first_in, first_out)
-    fill_with_others(s, 8)
+    history = session_pushed_to_host(s)
     assert host.host_nodes() or any(n.host_state is not None for n in s.cache.cache.nodes())
     flush_cache(s.cache, s.pool, s.alloc)
     assert next(s.cache.cache.nodes(), None) is None and not host.host_nodes()
     assert all(host.memory.usage(t).used + host.memory.usage(t).evictable == 0
                for t in host.memory.page_types)  # fmt: skip
     assert s.cache.evictable_size() == 0 and s.cache.protected_size() == 0
-    turn = first_in + first_out + tokens(5, 12)
+    turn = history + tokens(5, 12)
     hit, _ = s.serve(turn, [7, 8])
     assert hit == 0  # nothing survived the flush
     again, _ = s.serve([*turn, 7, 8, 9], [4])
