@@ -16,10 +16,10 @@ configuration. Freeing copies first kept every hit but saved little: host memory
 so the next demotion evicted the copy before its node came down again.
 
 T6 (checked by `check_copies`): a node has a copy exactly when it is in its tier's `clean`;
-it is a device node of the tree; the copy's pages are evictable host memory. A copy covers
-one run of positions per attention group and follows its node through splits and merges; a
-demotion writes what it lacks (an insert grew the leaf, window pages were revived, a merge
-joined a node without one) and keeps the rest.
+it is a device node of the tree; the copy holds pages, and they are evictable host memory. A
+copy covers one run of positions per attention group and follows its node through splits and
+merges; a demotion writes what it lacks (an insert grew the leaf, window pages were revived, a
+merge joined a node without one) and keeps the rest.
 """
 
 from __future__ import annotations
@@ -135,6 +135,8 @@ def take_state(host: HostTier, node: Node) -> Pages | None:
     if copy is None or copy.state is None or copy.state_at != node.end:
         return None
     state, copy.state = copy.state, None
+    if not copy.kv:  # nothing left: the node has no copy
+        discard(host, node)
     return state
 
 
@@ -194,6 +196,7 @@ def check_copies(host: HostTier, device_nodes: list[Node]) -> list[tuple[Pages, 
     for node in copied:
         copy = node.host_copy
         assert copy is not None and not node.host and node.parent is not None, f"{node!r} copy"
+        assert copy.kv or copy.state is not None, f"{node!r}: an empty copy"
         for slot, pages in enumerate(copy.kv):
             held.append((pages, slot))
         if copy.state is not None:
