@@ -24,7 +24,7 @@ test: install
 
 # The long live variants `make test` skips (tests marked `full`: another Mamba2 family, the
 # load test's no_buffer strategy, the host tier at page 16, with int8 checkpoints and on the
-# tiny gpt-oss); about 12 minutes on 2 cores.
+# tiny gpt-oss, stock HiCache through the CPU test shim); about 14 minutes on 2 cores.
 test-full: install tiny-model
 	$(PY) -m pytest -q -p no:cacheprovider --full -m full
 

@@ -12,8 +12,8 @@ demoted one would change them), and SGLang's strict idle leak check runs after e
 The tier's rates are this CPU's (bench/studies/sessions_cpu.py `jenga-host`). About 2-3 minutes
 on 2 cores, most of it the two starts. The `--page-size 16` variant (extra_buffer: SGLang's only
 strategy for a Mamba model at pages > 1), the `--enable-int8-mamba-checkpoint` one, the tiny
-gpt-oss (full and window KV) and STANDALONE speculative decoding (a draft model's KV rows back
-from host) run with `make test-full`.
+gpt-oss (full and window KV), STANDALONE speculative decoding (a draft model's KV rows back
+from host) and stock HiCache through the CPU test shim run with `make test-full`.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def test_host_tier_serves_a_window_models_evicted_session_as_stock_would(
     assert jenga[6].cached == stock[6].cached == 0  # flushed: nothing left, device or host
 
 
+@pytest.mark.full  # the baseline, not ours (about 105 s); its shim's copies: test_cpu_hicache.py
 def test_stock_hicache_serves_on_cpu_through_the_test_shim(
     tiny_model: Path, tmp_path: Path
 ) -> None:
