@@ -191,8 +191,6 @@ class HostTier(Evictor):
         victim = self.policy.host.victim()
         if victim is None:
             return evict_oldest(self)
-        if victim is None:
-            return False
         if victim.host and not victim.host_children:
             parent = victim.parent
             self.drop_subtree(victim)
@@ -221,9 +219,7 @@ class HostTier(Evictor):
         tree = self.tree
         held = dict.fromkeys(self.memory.page_types, 0)
         device = [tree.root, *tree.nodes()]
-        for pages, slot in check_copies(self, device):  # T6
-            ptype = tree.kv_types[slot] if slot >= 0 else tree.state_type
-            assert ptype is not None
+        for ptype, pages in check_copies(self, device):  # T6
             held[ptype] += len(pages)
         for node in device:  # device nodes: T1, T2
             assert not node.host, f"{node!r} is in `children` but on the host"

@@ -16,10 +16,11 @@ configuration. Freeing copies first kept every hit but saved little: host memory
 so the next demotion evicted the copy before its node came down again.
 
 T6 (checked by `check_copies`): a node has a copy exactly when it is in its tier's `clean`;
-it is a device node of the tree; the copy holds pages, and they are evictable host memory. A
-copy covers one run of positions per attention group and follows its node through splits and
-merges; a demotion writes what it lacks (an insert grew the leaf, window pages were revived, a
-merge joined a node without one) and keeps the rest.
+it is a device node of the tree; the copy holds pages, and they are evictable host memory; a
+copied checkpoint is the node's device one (at its end, which no change of shape moves while
+it is there). A copy covers one run of positions per attention group and follows its node
+through splits and merges; a demotion writes what it lacks (an insert grew the leaf, window
+pages were revived, a merge joined a node without one) and keeps the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jenga_sglang.radix.node import CleanCopy, Node
-from jenga_sglang.radix.pages import Pages
+from jenga_sglang.radix.pages import Pages, PageType
 
 if TYPE_CHECKING:
     from jenga_sglang.radix.host import HostTier
@@ -38,13 +39,13 @@ def keep(host: HostTier, node: Node, kv: list[Pages] | None, state: Pages | None
     checkpoint): keep them as its copy instead of freeing them."""
     copy = node.host_copy
     if copy is None:
-        copy = node.host_copy = CleanCopy([], node.end, None, node.end)
+        copy = node.host_copy = CleanCopy([], node.end, None)
     if kv is not None:
         assert not copy.kv, f"{node!r}: a second KV copy"
         copy.kv, copy.kv_end = kv, node.end
     if state is not None:
         assert copy.state is None, f"{node!r}: a second checkpoint copy"
-        copy.state, copy.state_at = state, node.end
+        copy.state = state
     host.clean.pop(node, None)
     host.clean[node] = None  # the newest copy: the last to go
 
@@ -60,7 +61,7 @@ def split(host: HostTier, upper: Node, lower: Node) -> None:
         head, copy.kv[slot] = pages.split(min(len(pages), max(0, cut - _first(copy, slot))))
         above.append(head)
     if any(len(pages) for pages in above):
-        upper.host_copy = CleanCopy(above, min(copy.kv_end, cut), None, cut)
+        upper.host_copy = CleanCopy(above, min(copy.kv_end, cut), None)
         host.clean[upper] = None
     if not any(len(pages) for pages in copy.kv):
         copy.kv = []
@@ -87,12 +88,10 @@ def merge(host: HostTier, node: Node, child: Node) -> None:
             _free_kv(host, below)
     elif below is not None and below.kv:
         kv, kv_end = below.kv, below.kv_end
-    if copy.state is not None:  # at node's end, which stops being a node end
-        assert host.tree.state_type is not None
-        host.memory.free_evictable(host.tree.state_type, copy.state)
+    _free_state(host, copy)  # at node's end, which stops being a node end
     state = None if below is None else below.state
     if kv or state is not None:
-        child.host_copy = CleanCopy(kv, kv_end, state, child.end)
+        child.host_copy = CleanCopy(kv, kv_end, state)
         host.clean.pop(child, None)
         host.clean[child] = None
     elif below is not None:
@@ -129,10 +128,9 @@ def take_kv(host: HostTier, node: Node) -> list[tuple[int, Pages] | None]:
 
 
 def take_state(host: HostTier, node: Node) -> Pages | None:
-    """The copy's checkpoint as `node`'s host checkpoint for a demotion, or None (none kept,
-    or it is not at the node's end)."""
+    """The copy's checkpoint as `node`'s host checkpoint for a demotion, or None (none kept)."""
     copy = node.host_copy
-    if copy is None or copy.state is None or copy.state_at != node.end:
+    if copy is None or copy.state is None:
         return None
     state, copy.state = copy.state, None
     if not copy.kv:  # nothing left: the node has no copy
@@ -150,9 +148,7 @@ def drop_copied_state(host: HostTier, node: Node) -> None:
     copy = node.host_copy
     if copy is None or copy.state is None:
         return
-    assert host.tree.state_type is not None
-    host.memory.free_evictable(host.tree.state_type, copy.state)
-    copy.state = None
+    _free_state(host, copy)
     if not copy.kv:
         discard(host, node)
 
@@ -165,9 +161,14 @@ def discard(host: HostTier, node: Node) -> None:
     host.clean.pop(node, None)
     node.host_copy = None
     _free_kv(host, copy)
+    _free_state(host, copy)
+
+
+def _free_state(host: HostTier, copy: CleanCopy) -> None:
     if copy.state is not None:
         assert host.tree.state_type is not None
         host.memory.free_evictable(host.tree.state_type, copy.state)
+        copy.state = None
 
 
 def _free_kv(host: HostTier, copy: CleanCopy) -> None:
@@ -185,10 +186,11 @@ def evict_oldest(host: HostTier) -> bool:
     return True
 
 
-def check_copies(host: HostTier, device_nodes: list[Node]) -> list[tuple[Pages, int]]:
-    """Assert T6 over the tree's device nodes; each copy page run with its group slot (the
-    state's: -1), for the tier's page count."""
-    held: list[tuple[Pages, int]] = []
+def check_copies(host: HostTier, device_nodes: list[Node]) -> list[tuple[PageType, Pages]]:
+    """Assert T6 over the tree's device nodes; each copy's page runs with their type, for the
+    tier's page count."""
+    held: list[tuple[PageType, Pages]] = []
+    tree = host.tree
     copied = [n for n in device_nodes if n.host_copy is not None]
     assert len(copied) == len(host.clean) and all(n in host.clean for n in copied), (
         f"{len(copied)} device nodes hold a host copy, {len(host.clean)} are listed"
@@ -197,8 +199,9 @@ def check_copies(host: HostTier, device_nodes: list[Node]) -> list[tuple[Pages, 
         copy = node.host_copy
         assert copy is not None and not node.host and node.parent is not None, f"{node!r} copy"
         assert copy.kv or copy.state is not None, f"{node!r}: an empty copy"
-        for slot, pages in enumerate(copy.kv):
-            held.append((pages, slot))
+        assert copy.state is None or node.state is not None, f"{node!r}: a copy of no state"
+        held.extend(zip(tree.kv_types, copy.kv, strict=False))  # no KV copy: an empty list
         if copy.state is not None:
-            held.append((copy.state, -1))
+            assert tree.state_type is not None
+            held.append((tree.state_type, copy.state))
     return held

@@ -43,15 +43,15 @@ from jenga_sglang.radix.tokens import TokenSeq
 class CleanCopy:
     """Host pages still holding a device node's bytes since its load-back (radix/host_copy.py):
     per attention group the pages of the positions just before `kv_end` (the node's end when
-    kept; an empty list: no KV copy), and the checkpoint at `state_at`."""
+    kept; an empty list: no KV copy), and the checkpoint at the node's end, whose device
+    checkpoint it copies (T6)."""
 
-    __slots__ = ("kv", "kv_end", "state", "state_at")
+    __slots__ = ("kv", "kv_end", "state")
 
-    def __init__(self, kv: list[Pages], kv_end: int, state: Pages | None, state_at: int) -> None:
+    def __init__(self, kv: list[Pages], kv_end: int, state: Pages | None) -> None:
         self.kv = kv
         self.kv_end = kv_end
         self.state = state
-        self.state_at = state_at
 
 
 @mypyc_attr(allow_interpreted_subclasses=True, serializable=True)

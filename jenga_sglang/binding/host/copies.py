@@ -92,13 +92,12 @@ class SglangHostCopies(HostCopies):
             data = pool.mamba_pool.get_cpu_copy(pool.translate_mamba_indices(index))
         self.stored_bytes += _nbytes(data)
         self.memory.put(ptype, host, data)
-        if self.events is not None:
-            self.events.demoted(ptype, page_ids(device), page_ids(host))  # ids: no list copy
+        self.kept(ptype, device, host)  # the spans move as onto a clean copy
 
     def kept(self, ptype: PageType, device: Pages, host: Pages) -> None:
         # the host ids still hold the bytes (radix/host_copy.py): only the spans move there
         if self.events is not None:
-            self.events.demoted(ptype, page_ids(device), page_ids(host))
+            self.events.demoted(ptype, page_ids(device), page_ids(host))  # ids: no list copy
 
     def load(self, ptype: PageType, host: Pages, device: Pages) -> None:
         if self.events is not None:
